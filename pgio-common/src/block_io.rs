@@ -1,0 +1,133 @@
+//! Block layer: per request, queue time (insert → issue) and device time (issue → complete),
+//! keyed by submitter series, device and op.
+
+/// Which of the two block latencies a histogram entry holds.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockMetric {
+    /// issue → complete. Its count is the request counter, its `bytes` the byte counter.
+    Device = 0,
+    /// insert → issue (only requests that went through a scheduler queue).
+    Queue = 1,
+}
+
+/// Request operation, from `request.cmd_flags & REQ_OP_MASK`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockOp {
+    Read = 0,
+    Write = 1,
+    Flush = 2,
+    Discard = 3,
+    WriteZeroes = 4,
+    Other = 5,
+}
+
+pub const BLOCK_OPS: usize = 6;
+
+impl BlockOp {
+    pub const ALL: [BlockOp; BLOCK_OPS] = [
+        BlockOp::Read,
+        BlockOp::Write,
+        BlockOp::Flush,
+        BlockOp::Discard,
+        BlockOp::WriteZeroes,
+        BlockOp::Other,
+    ];
+
+    /// `enum req_op` of include/linux/blk_types.h (stable since 4.10).
+    #[inline(always)]
+    pub fn from_cmd_flags(cmd_flags: u32) -> BlockOp {
+        match cmd_flags & 0xff {
+            0 => BlockOp::Read,
+            1 => BlockOp::Write,
+            2 => BlockOp::Flush,
+            3 | 5 => BlockOp::Discard, // DISCARD, SECURE_ERASE
+            9 => BlockOp::WriteZeroes,
+            _ => BlockOp::Other,
+        }
+    }
+
+    pub fn from_u8(v: u8) -> BlockOp {
+        match v {
+            0 => BlockOp::Read,
+            1 => BlockOp::Write,
+            2 => BlockOp::Flush,
+            3 => BlockOp::Discard,
+            4 => BlockOp::WriteZeroes,
+            _ => BlockOp::Other,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            BlockOp::Read => "read",
+            BlockOp::Write => "write",
+            BlockOp::Flush => "flush",
+            BlockOp::Discard => "discard",
+            BlockOp::WriteZeroes => "write_zeroes",
+            BlockOp::Other => "other",
+        }
+    }
+}
+
+/// Key of the `BLOCK_IO_HIST` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockIoKey {
+    pub series: u32,
+    /// Kernel `dev_t` of the disk: `major << 20 | minor`.
+    pub dev: u32,
+    pub op: u8,
+    pub metric: u8,
+    pub slot: u8,
+    pub _pad: u8,
+}
+
+/// Value of the `BLOCK_IO_INFLIGHT` map, keyed by the `struct request *`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockIoInflight {
+    /// Submitter's series (captured at `block_io_start` in the submitter's context).
+    pub series: u32,
+    pub _pad: u32,
+    /// `block_rq_insert` time, 0 when the request skipped the scheduler queue.
+    pub insert_ns: u64,
+    /// `block_rq_issue` time, 0 before issue.
+    pub issue_ns: u64,
+}
+
+/// Byte offsets inside kernel structs, read from `/sys/kernel/btf/vmlinux` by userspace and
+/// written into the program's globals (Rust eBPF has no CO-RE field relocations yet).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// `struct request.cmd_flags`
+    pub request_cmd_flags: u32,
+    /// `struct request.q`
+    pub request_q: u32,
+    /// `struct request_queue.disk`
+    pub queue_disk: u32,
+    /// `struct gendisk.major`
+    pub gendisk_major: u32,
+    /// `struct gendisk.first_minor`
+    pub gendisk_first_minor: u32,
+    /// `struct task_struct.pid`
+    pub task_pid: u32,
+    /// `struct task_struct.tgid`
+    pub task_tgid: u32,
+    pub _pad: u32,
+}
+
+/// `dev_t` as the kernel packs it internally (`MKDEV`).
+pub const fn mkdev(major: u32, minor: u32) -> u32 {
+    (major << 20) | (minor & 0xf_ffff)
+}
+
+pub const fn dev_major(dev: u32) -> u32 {
+    dev >> 20
+}
+
+pub const fn dev_minor(dev: u32) -> u32 {
+    dev & 0xf_ffff
+}

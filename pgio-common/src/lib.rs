@@ -1,0 +1,67 @@
+//! Types shared by the eBPF programs (`pgio-ebpf`) and the daemon (`pgio-daemon`).
+//!
+//! Every map key and value is `#[repr(C)]` with explicit padding so both sides agree on the
+//! layout byte for byte. Module names follow the data path: each probe family has the same
+//! name here, in `pgio-ebpf` and in `pgio-daemon`.
+#![no_std]
+
+pub mod block_io;
+pub mod hist;
+pub mod lifecycle;
+pub mod syscall;
+
+/// Series id of anything pgio does not track (block IO of untracked submitters).
+pub const SERIES_UNTRACKED: u32 = 0;
+
+/// Capacity of the `tgid → series` map: tracked processes at once.
+pub const MAX_TRACKED: u32 = 65_536;
+
+/// Counters of events the kernel side could not record, indexed by [`Drop`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drop {
+    /// A histogram map was full: the event was not counted.
+    HistFull = 0,
+    /// The lifecycle ring buffer was full: userspace missed a fork/exec/exit.
+    LifecycleRingFull = 1,
+    /// The in-flight request map was full: a request got no submitter.
+    InflightFull = 2,
+    /// The per-thread syscall start map was full: a syscall was not timed.
+    SyscallStartFull = 3,
+    /// A completion with no matching issue (request started before pgio, or evicted).
+    CompleteWithoutIssue = 4,
+}
+
+pub const DROP_REASONS: usize = 5;
+
+impl Drop {
+    pub const ALL: [Drop; DROP_REASONS] = [
+        Drop::HistFull,
+        Drop::LifecycleRingFull,
+        Drop::InflightFull,
+        Drop::SyscallStartFull,
+        Drop::CompleteWithoutIssue,
+    ];
+
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Drop::HistFull => "hist_map_full",
+            Drop::LifecycleRingFull => "lifecycle_ring_full",
+            Drop::InflightFull => "inflight_map_full",
+            Drop::SyscallStartFull => "syscall_start_map_full",
+            Drop::CompleteWithoutIssue => "complete_without_issue",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are #[repr(C)] plain integers with explicit padding fields.
+    unsafe impl aya::Pod for crate::hist::Bucket {}
+    unsafe impl aya::Pod for crate::block_io::BlockIoKey {}
+    unsafe impl aya::Pod for crate::block_io::BlockIoInflight {}
+    unsafe impl aya::Pod for crate::block_io::KernelOffsets {}
+    unsafe impl aya::Pod for crate::syscall::SyscallKey {}
+    unsafe impl aya::Pod for crate::syscall::SyscallStart {}
+    unsafe impl aya::Pod for crate::lifecycle::LifecycleEvent {}
+}

@@ -1,0 +1,42 @@
+//! Process → labels. User rules from the config come first, then the built-in rules
+//! (PostgreSQL by process title, kernel threads by name). `None` = not tracked.
+pub mod kernel;
+pub mod postgres;
+pub mod rules;
+
+use crate::labels::Labels;
+
+/// What the classifier looks at, read from /proc.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    /// `/proc/<pid>/comm` (15 bytes at most).
+    pub comm: String,
+    /// `/proc/<pid>/cmdline`, arguments joined by single spaces (Postgres overwrites argv with
+    /// its process title, so this is the title).
+    pub cmdline: String,
+    /// Target of `/proc/<pid>/exe`, when readable.
+    pub exe: Option<String>,
+    /// PF_KTHREAD set in `/proc/<pid>/stat`.
+    pub kthread: bool,
+}
+
+pub struct Classifier {
+    rules: Vec<rules::Rule>,
+}
+
+impl Classifier {
+    pub fn new(rules: Vec<rules::Rule>) -> Classifier {
+        Classifier { rules }
+    }
+
+    pub fn classify(&self, p: &ProcessInfo) -> Option<Labels> {
+        if let Some(labels) = self.rules.iter().find_map(|r| r.apply(p)) {
+            return Some(labels);
+        }
+        if p.kthread {
+            return Some(kernel::classify(&p.comm));
+        }
+        postgres::classify(p)
+    }
+}

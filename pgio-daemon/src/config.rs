@@ -1,0 +1,195 @@
+//! Config file (TOML). Every field has a default, so no file at all is a working config.
+//! Errors name the file, the line and what was expected.
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use regex::Regex;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::classifier::rules::Rule;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address of the HTTP server (`/metrics`, `/healthz`).
+    pub listen: SocketAddr,
+    /// Full /proc rescan period, a safety net behind the fork/exec/exit events.
+    pub rescan_interval_secs: u64,
+    /// Turn on `kernel.bpf_stats_enabled` while pgio runs, for per-program run time metrics
+    /// (costs ~20 ns per program run).
+    pub bpf_stats: bool,
+    /// User rules, checked before the built-in ones.
+    #[serde(rename = "rule")]
+    pub rules: Vec<RuleConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub app: String,
+    #[serde(default)]
+    pub role: String,
+    pub comm: Option<Spanned<String>>,
+    pub exe: Option<Spanned<String>>,
+    pub cmdline: Option<Spanned<String>>,
+}
+
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:9435";
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 9435)),
+            rescan_interval_secs: 10,
+            bpf_stats: false,
+            rules: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Invalid {
+        path: String,
+        line: usize,
+        message: String,
+    },
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
+        let invalid = |offset: usize, message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            line: line_of(text, offset),
+            message,
+        };
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map(|s| s.start).unwrap_or(0);
+            invalid(offset, e.message().to_owned())
+        })?;
+        for rule in &config.rules {
+            if rule.comm.is_none() && rule.exe.is_none() && rule.cmdline.is_none() {
+                return Err(invalid(
+                    find_rule_offset(text, &rule.app),
+                    format!(
+                        "rule for app {:?} needs at least one of `comm`, `exe`, `cmdline`",
+                        rule.app
+                    ),
+                ));
+            }
+            for r in [&rule.comm, &rule.exe, &rule.cmdline].into_iter().flatten() {
+                Regex::new(r.get_ref()).map_err(|e| invalid(r.span().start, format!("invalid regex: {e}")))?;
+            }
+        }
+        if config.rescan_interval_secs == 0 {
+            return Err(invalid(
+                text.find("rescan_interval_secs").unwrap_or(0),
+                "rescan_interval_secs must be at least 1".into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    pub fn rescan_interval(&self) -> Duration {
+        Duration::from_secs(self.rescan_interval_secs)
+    }
+
+    /// Compiled rules (regexes were validated by `parse`).
+    pub fn compiled_rules(&self) -> Vec<Rule> {
+        let re = |s: &Option<Spanned<String>>| s.as_ref().and_then(|s| Regex::new(s.get_ref()).ok());
+        self.rules
+            .iter()
+            .map(|r| Rule {
+                app: r.app.clone(),
+                role: r.role.clone(),
+                comm: re(&r.comm),
+                exe: re(&r.exe),
+                cmdline: re(&r.cmdline),
+            })
+            .collect()
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+fn find_rule_offset(text: &str, app: &str) -> usize {
+    text.find(&format!("\"{app}\"")).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_the_default() {
+        let c = Config::parse("", "x.toml").expect("empty config");
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert!(c.rules.is_empty());
+    }
+
+    #[test]
+    fn rules_parse_and_compile() {
+        let c = Config::parse(
+            "listen = \"127.0.0.1:9999\"\n[[rule]]\napp = \"fio\"\nrole = \"bench\"\ncomm = \"^fio$\"\n",
+            "x.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.listen.port(), 9999);
+        let rules = c.compiled_rules();
+        assert_eq!(rules.len(), 1);
+        assert!(rules[0].comm.is_some());
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_and_field() {
+        let e = Config::parse("listen = \"127.0.0.1:1\"\n\nlisten_port = 3\n", "/etc/pgio.toml")
+            .expect_err("unknown field");
+        let msg = e.to_string();
+        assert!(msg.starts_with("/etc/pgio.toml:3: "), "{msg}");
+        assert!(msg.contains("listen_port"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let e = Config::parse("bpf_stats = \"yes\"\n", "c.toml").expect_err("wrong type");
+        let msg = e.to_string();
+        assert!(msg.starts_with("c.toml:1: "), "{msg}");
+        assert!(msg.contains("bool") || msg.contains("boolean"), "{msg}");
+    }
+
+    #[test]
+    fn bad_listen_address() {
+        let e = Config::parse("\nlisten = \"nowhere\"\n", "c.toml").expect_err("bad addr");
+        assert!(e.to_string().starts_with("c.toml:2: "), "{e}");
+    }
+
+    #[test]
+    fn bad_regex_names_its_line() {
+        let e = Config::parse("[[rule]]\napp = \"a\"\n\ncomm = \"(unclosed\"\n", "c.toml")
+            .expect_err("bad regex");
+        let msg = e.to_string();
+        assert!(msg.starts_with("c.toml:4: invalid regex"), "{msg}");
+    }
+
+    #[test]
+    fn rule_without_matcher_is_refused() {
+        let e = Config::parse("[[rule]]\napp = \"a\"\n", "c.toml").expect_err("no matcher");
+        assert!(e.to_string().contains("at least one of"), "{e}");
+    }
+}

@@ -1,0 +1,227 @@
+//! Discovery: a /proc scan at start (and periodically, as a safety net), then the kernel's
+//! lifecycle events: exec → classify now; fork of a tracked process → the child already
+//! inherited its parent's series in the kernel, reclassify it as its title settles
+//! (Postgres sets the backend title within milliseconds of fork); exit → forget.
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
+use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    time::{Instant, sleep_until},
+};
+use tracing::{debug, warn};
+
+use crate::{
+    classifier::{Classifier, ProcessInfo},
+    series::SeriesRegistry,
+};
+
+/// After a fork: when to look at the child's title again.
+const RECLASSIFY_AFTER: [Duration; 6] = [
+    Duration::from_millis(1),
+    Duration::from_millis(5),
+    Duration::from_millis(25),
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+];
+
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// What the collector needs from discovery: series labels and who is tracked now.
+#[derive(Default, Debug)]
+pub struct Tracked {
+    pub registry: SeriesRegistry,
+    /// tgid → series, mirror of the kernel's `TRACKED` map.
+    pub pids: HashMap<u32, u32>,
+}
+
+pub type SharedTracked = Arc<Mutex<Tracked>>;
+
+pub fn lock(t: &SharedTracked) -> MutexGuard<'_, Tracked> {
+    // A panic while holding the lock leaves plain data that is still consistent enough to read.
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn read_process(pid: u32) -> Option<ProcessInfo> {
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let stat = p.stat().ok()?;
+    let cmdline = p.cmdline().ok().unwrap_or_default().join(" ");
+    let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
+    Some(ProcessInfo {
+        pid,
+        comm: stat.comm,
+        cmdline,
+        exe,
+        kthread: stat.flags & PF_KTHREAD != 0,
+    })
+}
+
+pub struct Discovery {
+    classifier: Classifier,
+    shared: SharedTracked,
+    kernel_map: BpfHashMap<MapData, u32, u32>,
+    pending: BinaryHeap<Reverse<(Instant, u32, usize)>>,
+    self_pid: u32,
+}
+
+impl Discovery {
+    pub fn new(
+        classifier: Classifier,
+        shared: SharedTracked,
+        kernel_map: BpfHashMap<MapData, u32, u32>,
+    ) -> Discovery {
+        Discovery {
+            classifier,
+            shared,
+            kernel_map,
+            pending: BinaryHeap::new(),
+            self_pid: std::process::id(),
+        }
+    }
+
+    /// Classifies every process in /proc and forgets tracked ones that are gone.
+    pub fn scan_all(&mut self) -> Result<()> {
+        let mut seen = Vec::new();
+        for p in procfs::process::all_processes().context("listing /proc")? {
+            let Ok(p) = p else { continue };
+            let pid = p.pid as u32;
+            seen.push(pid);
+            self.classify_now(pid);
+        }
+        seen.sort_unstable();
+        let gone: Vec<u32> = lock(&self.shared)
+            .pids
+            .keys()
+            .copied()
+            .filter(|pid| seen.binary_search(pid).is_err())
+            .collect();
+        for pid in gone {
+            self.untrack(pid);
+        }
+        Ok(())
+    }
+
+    fn classify_now(&mut self, pid: u32) {
+        if pid == self.self_pid {
+            return;
+        }
+        match read_process(pid) {
+            Some(info) => {
+                let labels = self.classifier.classify(&info);
+                match labels {
+                    Some(labels) => self.track(pid, labels),
+                    None => self.untrack(pid),
+                }
+            }
+            None => self.untrack(pid),
+        }
+    }
+
+    fn track(&mut self, pid: u32, labels: crate::labels::Labels) {
+        let mut shared = lock(&self.shared);
+        let id = shared.registry.intern(labels);
+        if shared.pids.get(&pid) == Some(&id) {
+            return;
+        }
+        match self.kernel_map.insert(pid, id, 0) {
+            Ok(()) => {
+                shared.pids.insert(pid, id);
+            }
+            Err(e) => warn!(pid, error = %e, "cannot track process (tracked map full?)"),
+        }
+    }
+
+    fn untrack(&mut self, pid: u32) {
+        if lock(&self.shared).pids.remove(&pid).is_some() {
+            // Already gone when the kernel removed it at exit.
+            let _ = self.kernel_map.remove(&pid);
+        }
+    }
+
+    fn handle(&mut self, ev: LifecycleEvent) {
+        match LifecycleKind::from_u32(ev.kind) {
+            Some(LifecycleKind::Exec) => self.classify_now(ev.pid),
+            Some(LifecycleKind::Fork) => {
+                lock(&self.shared).pids.insert(ev.pid, ev.series);
+                self.schedule(ev.pid, 0);
+            }
+            Some(LifecycleKind::Exit) => {
+                lock(&self.shared).pids.remove(&ev.pid);
+            }
+            None => debug!(kind = ev.kind, "unknown lifecycle event"),
+        }
+    }
+
+    fn schedule(&mut self, pid: u32, attempt: usize) {
+        if let Some(delay) = RECLASSIFY_AFTER.get(attempt) {
+            self.pending
+                .push(Reverse((Instant::now() + *delay, pid, attempt)));
+        }
+    }
+
+    fn run_due(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, pid, attempt))) = self.pending.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.pending.pop();
+            if lock(&self.shared).pids.contains_key(&pid) {
+                self.classify_now(pid);
+                self.schedule(pid, attempt + 1);
+            }
+        }
+    }
+
+    /// Follows lifecycle events until the task is dropped.
+    pub async fn run(mut self, ring: RingBuf<MapData>, rescan_every: Duration) -> Result<()> {
+        // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd owns the RingBuf.
+        let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| anyhow::anyhow!("polling the lifecycle ring buffer: {e}"))?;
+        let mut rescan = tokio::time::interval(rescan_every);
+        rescan.tick().await; // the first tick is immediate: the caller just scanned
+        let far = Duration::from_secs(3600);
+        loop {
+            let next = self
+                .pending
+                .peek()
+                .map(|Reverse((at, _, _))| *at)
+                .unwrap_or_else(|| Instant::now() + far);
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard.context("lifecycle ring buffer")?;
+                    let events = drain(guard.get_inner_mut());
+                    guard.clear_ready();
+                    for ev in events {
+                        self.handle(ev);
+                    }
+                }
+                _ = rescan.tick() => {
+                    if let Err(e) = self.scan_all() {
+                        warn!(error = format!("{e:#}"), "rescan failed");
+                    }
+                }
+                _ = sleep_until(next) => self.run_due(),
+            }
+        }
+    }
+}
+
+fn drain(ring: &mut RingBuf<MapData>) -> Vec<LifecycleEvent> {
+    let mut out = Vec::new();
+    while let Some(item) = ring.next() {
+        if item.len() >= std::mem::size_of::<LifecycleEvent>() {
+            // SAFETY: the kernel wrote a LifecycleEvent (repr(C), plain integers); unaligned read.
+            out.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifecycleEvent) });
+        }
+    }
+    out
+}

@@ -1,0 +1,359 @@
+//! Collector → Prometheus exposition. Reads the kernel maps at scrape time, turns series ids
+//! into labels, and encodes with prometheus-client (OpenMetrics text), converted to the
+//! Prometheus 0.0.4 text format unless the scraper asks for OpenMetrics.
+use std::{
+    collections::BTreeMap,
+    fmt::{self, Write as _},
+    os::fd::RawFd,
+    sync::Mutex,
+};
+
+use aya::maps::{MapData, PerCpuArray};
+use pgio_common::{
+    Drop,
+    block_io::{BlockOp, dev_major, dev_minor},
+    syscall::{Cache, Syscall},
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet},
+    metrics::MetricType,
+    registry::Registry,
+};
+use tracing::warn;
+
+use crate::{
+    block_io::BlockIoReader,
+    devices::DeviceNames,
+    discovery::{SharedTracked, lock},
+    hist::Log2Hist,
+    labels::{Labels, WithLabels},
+    probes::ProbeStatus,
+    syscall::SyscallReader,
+};
+
+pub struct PgioCollector {
+    pub block_io: BlockIoReader,
+    pub syscall: SyscallReader,
+    pub drops: PerCpuArray<MapData, u64>,
+    pub tracked: SharedTracked,
+    pub probes: Vec<ProbeStatus>,
+    /// (program name, fd) for the per-program run time/count from /proc/self/fdinfo.
+    pub program_fds: Vec<(String, RawFd)>,
+    pub devices: Mutex<DeviceNames>,
+}
+
+impl fmt::Debug for PgioCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PgioCollector")
+    }
+}
+
+const HELP_DEVICE: &str = "Block request device time, issue to complete, by submitting process series (seconds).";
+const HELP_QUEUE: &str = "Block request queue time, insert to issue, for requests that went through a scheduler queue (seconds).";
+const HELP_REQUESTS: &str = "Block requests completed, by submitting process series.";
+const HELP_BYTES: &str = "Bytes of block requests completed, by submitting process series.";
+const HELP_SYSCALL: &str = "IO syscall latency, enter to exit, per tracked process series; cache=miss when the calling thread submitted block IO during a read (seconds).";
+const HELP_FUTEX: &str = "futex waits (WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI; futex_waitv), enter to exit (seconds). In Go programs most of this is the runtime parking idle threads, not lock contention.";
+
+fn histograms<'a, L: EncodeLabelSet + 'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: impl Iterator<Item = (L, &'a Log2Hist)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in items {
+        let buckets = h.prometheus_buckets();
+        m.encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(h.sum_seconds(), h.count(), &buckets, None)?;
+    }
+    Ok(())
+}
+
+fn counters<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: impl Iterator<Item = (L, u64)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in items {
+        m.encode_family(&labels)?
+            .encode_counter::<NoLabelSet, u64, u64>(&v, None)?;
+    }
+    Ok(())
+}
+
+fn gauges<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: impl Iterator<Item = (L, i64)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in items {
+        m.encode_family(&labels)?.encode_gauge(&v)?;
+    }
+    Ok(())
+}
+
+/// `run_time_ns`, `run_cnt`, `recursion_misses` of one program.
+fn program_stats(fd: RawFd) -> Option<(u64, u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some((field("run_time_ns:"), field("run_cnt:"), field("recursion_misses:")))
+}
+
+impl Collector for PgioCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let block = self.block_io.read().unwrap_or_else(|e| {
+            warn!(error = format!("{e:#}"), "reading block IO map");
+            Default::default()
+        });
+        let syscalls = self.syscall.read().unwrap_or_else(|e| {
+            warn!(error = format!("{e:#}"), "reading syscall map");
+            BTreeMap::new()
+        });
+        let tracked = lock(&self.tracked);
+        let other = Labels::app_role("other", "");
+        let series = |id: u32| tracked.registry.labels(id).unwrap_or(&other);
+
+        let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dev_names: BTreeMap<u32, String> = BTreeMap::new();
+        for (_, dev, _) in block.device.keys().chain(block.queue.keys()) {
+            dev_names.entry(*dev).or_insert_with(|| devices.name(*dev));
+        }
+        drop(devices);
+        let block_labels = |(s, dev, op): &(u32, u32, u8)| WithLabels {
+            series: series(*s),
+            extra: [
+                ("device", dev_names.get(dev).map(String::as_str).unwrap_or("")),
+                ("op", BlockOp::from_u8(*op).name()),
+            ],
+        };
+
+        histograms(
+            &mut enc,
+            "pgio_block_io_device_seconds",
+            HELP_DEVICE,
+            block.device.iter().map(|(id, h)| (block_labels(id), h)),
+        )?;
+        histograms(
+            &mut enc,
+            "pgio_block_io_queue_seconds",
+            HELP_QUEUE,
+            block.queue.iter().map(|(id, h)| (block_labels(id), h)),
+        )?;
+        counters(
+            &mut enc,
+            "pgio_block_io_requests",
+            HELP_REQUESTS,
+            block.device.iter().map(|(id, h)| (block_labels(id), h.count())),
+        )?;
+        counters(
+            &mut enc,
+            "pgio_block_io_bytes",
+            HELP_BYTES,
+            block.device.iter().map(|(id, h)| (block_labels(id), h.bytes)),
+        )?;
+
+        let syscall_labels = |(s, sc, cache): &(u32, u8, u8)| WithLabels {
+            series: series(*s),
+            extra: [
+                ("syscall", Syscall::from_u8(*sc).map(Syscall::name).unwrap_or("unknown")),
+                ("cache", Cache::from_u8(*cache).label()),
+            ],
+        };
+        let is_futex = |sc: u8| matches!(Syscall::from_u8(sc), Some(Syscall::Futex | Syscall::FutexWaitv));
+        histograms(
+            &mut enc,
+            "pgio_syscall_seconds",
+            HELP_SYSCALL,
+            syscalls
+                .iter()
+                .filter(|(id, _)| !is_futex(id.1))
+                .map(|(id, h)| (syscall_labels(id), h)),
+        )?;
+        histograms(
+            &mut enc,
+            "pgio_futex_wait_seconds",
+            HELP_FUTEX,
+            syscalls
+                .iter()
+                .filter(|(id, _)| is_futex(id.1))
+                .map(|(id, h)| (syscall_labels(id), h)),
+        )?;
+
+        let mut per_series: BTreeMap<u32, i64> = BTreeMap::new();
+        for id in tracked.pids.values() {
+            *per_series.entry(*id).or_default() += 1;
+        }
+        gauges(
+            &mut enc,
+            "pgio_tracked_processes",
+            "Processes pgio tracks now, by series.",
+            per_series.iter().map(|(id, n)| (series(*id), *n)),
+        )?;
+        gauges(
+            &mut enc,
+            "pgio_device_info",
+            "Block devices seen by pgio: name and kernel major:minor (value is always 1).",
+            dev_names.iter().map(|(dev, name)| {
+                let major = dev_major(*dev).to_string();
+                let minor = dev_minor(*dev).to_string();
+                ([("device", name.clone()), ("major", major), ("minor", minor)], 1)
+            }),
+        )?;
+        drop(tracked);
+
+        gauges(
+            &mut enc,
+            "pgio_probe_attached",
+            "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
+            self.probes
+                .iter()
+                .map(|p| ([("program", p.program.as_str())], p.attached as i64)),
+        )?;
+        counters(
+            &mut enc,
+            "pgio_events_dropped",
+            "Kernel events pgio could not record, by reason.",
+            Drop::ALL.iter().map(|d| {
+                let n = self
+                    .drops
+                    .get(&(*d as u32), 0)
+                    .map(|v| v.iter().sum::<u64>())
+                    .unwrap_or(0);
+                ([("reason", d.reason())], n)
+            }),
+        )?;
+        let stats: Vec<(&str, (u64, u64, u64))> = self
+            .program_fds
+            .iter()
+            .filter_map(|(name, fd)| Some((name.as_str(), program_stats(*fd)?)))
+            .collect();
+        let mut m = enc.encode_descriptor(
+            "pgio_bpf_program_run_seconds",
+            "CPU time spent in each eBPF program (needs bpf_stats = true in the config, else 0).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (name, (ns, _, _)) in &stats {
+            m.encode_family(&[("program", *name)])?
+                .encode_counter::<NoLabelSet, f64, f64>(&(*ns as f64 * 1e-9), None)?;
+        }
+        counters(
+            &mut enc,
+            "pgio_bpf_program_runs",
+            "Runs of each eBPF program (needs bpf_stats = true in the config, else 0).",
+            stats.iter().map(|(name, (_, n, _))| ([("program", *name)], *n)),
+        )?;
+        counters(
+            &mut enc,
+            "pgio_bpf_recursion_misses",
+            "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
+            stats.iter().map(|(name, (_, _, r))| ([("program", *name)], *r)),
+        )?;
+        gauges(
+            &mut enc,
+            "pgio_build_info",
+            "pgio version (value is always 1).",
+            std::iter::once(([("version", env!("CARGO_PKG_VERSION"))], 1)),
+        )
+    }
+}
+
+pub fn registry(collector: PgioCollector) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(collector));
+    registry
+}
+
+/// OpenMetrics text as prometheus-client writes it.
+pub fn openmetrics(registry: &Registry) -> Result<String, fmt::Error> {
+    let mut out = String::with_capacity(64 * 1024);
+    prometheus_client::encoding::text::encode(&mut out, registry)?;
+    Ok(out)
+}
+
+/// The same in the Prometheus 0.0.4 text format: no `# EOF`/`# UNIT`, and counter families
+/// are declared under their `_total` sample name. Label values keep their escapes, so no
+/// sample line can start with `#`.
+pub fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut counters: Vec<&str> = Vec::new();
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.push(name);
+                let _ = writeln!(out, "# TYPE {name}_total counter");
+                continue;
+            }
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or_default();
+            if is_counter(openmetrics, name) {
+                let _ = writeln!(out, "# HELP {name}_total{}", &rest[name.len()..]);
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn is_counter(text: &str, name: &str) -> bool {
+    text.contains(&format!("# TYPE {name} counter\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_counter_becomes_prometheus_total() {
+        let om = "# HELP pgio_x Things.\n# TYPE pgio_x counter\npgio_x_total{a=\"b\"} 3\n# HELP pgio_h Lat.\n# TYPE pgio_h histogram\npgio_h_sum 0.5\npgio_h_count 1\npgio_h_bucket{le=\"+Inf\"} 1\n# EOF\n";
+        let p = prometheus_text(om);
+        assert_eq!(
+            p,
+            "# HELP pgio_x_total Things.\n# TYPE pgio_x_total counter\npgio_x_total{a=\"b\"} 3\n# HELP pgio_h Lat.\n# TYPE pgio_h histogram\npgio_h_sum 0.5\npgio_h_count 1\npgio_h_bucket{le=\"+Inf\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn hostile_label_values_stay_on_one_line() {
+        let labels = Labels {
+            app: "postgres".into(),
+            role: "client backend".into(),
+            database: "we\"ird\nname\\ x".into(),
+            user: "ü".into(),
+            cluster: String::new(),
+        };
+        let h = Log2Hist::default();
+        let mut registry = Registry::default();
+        #[derive(Debug)]
+        struct One(Labels, Log2Hist);
+        impl Collector for One {
+            fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+                histograms(&mut enc, "pgio_t_seconds", "t", std::iter::once((&self.0, &self.1)))
+            }
+        }
+        registry.register_collector(Box::new(One(labels, h)));
+        let text = prometheus_text(&openmetrics(&registry).expect("encode"));
+        for line in text.lines() {
+            assert!(line.starts_with("# ") || line.starts_with("pgio_t_seconds"), "{line}");
+        }
+        assert!(text.contains(r#"database="we\"ird\nname\\ x""#), "{text}");
+        // empty cluster is left out
+        assert!(!text.contains("cluster="), "{text}");
+    }
+}

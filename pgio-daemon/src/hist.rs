@@ -1,0 +1,113 @@
+//! Log2 histograms summed over CPUs, and their Prometheus form.
+use pgio_common::hist::{Bucket, SLOTS};
+
+/// Smallest `le`: 2^8 ns = 256 ns (everything faster is folded into it).
+pub const MIN_SLOT: usize = 8;
+/// Largest finite `le`: 2^34 ns ≈ 17.2 s (everything slower goes to `+Inf` only).
+pub const MAX_SLOT: usize = 34;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Log2Hist {
+    pub slots: [u64; SLOTS],
+    pub sum_ns: u64,
+    pub bytes: u64,
+}
+
+impl Default for Log2Hist {
+    fn default() -> Self {
+        Log2Hist {
+            slots: [0; SLOTS],
+            sum_ns: 0,
+            bytes: 0,
+        }
+    }
+}
+
+impl Log2Hist {
+    /// Adds one map entry (already summed over CPUs or one CPU's share).
+    pub fn add(&mut self, slot: u8, b: &Bucket) {
+        let slot = (slot as usize).min(SLOTS - 1);
+        self.slots[slot] = self.slots[slot].wrapping_add(b.count);
+        self.sum_ns = self.sum_ns.wrapping_add(b.sum);
+        self.bytes = self.bytes.wrapping_add(b.bytes);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.slots.iter().sum()
+    }
+
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_ns as f64 * 1e-9
+    }
+
+    /// Non-cumulative `(le seconds, count)` pairs as prometheus-client wants them: `le = 2^k ns`
+    /// for k in MIN_SLOT..=MAX_SLOT, then `+Inf`. Slot k holds (2^(k-1), 2^k] ns, so each
+    /// slot maps onto exactly one bucket and nothing is re-binned.
+    pub fn prometheus_buckets(&self) -> Vec<(f64, u64)> {
+        let mut out = Vec::with_capacity(MAX_SLOT - MIN_SLOT + 2);
+        let below: u64 = self.slots[..=MIN_SLOT].iter().sum();
+        out.push((le_seconds(MIN_SLOT), below));
+        for k in MIN_SLOT + 1..=MAX_SLOT {
+            out.push((le_seconds(k), self.slots[k]));
+        }
+        out.push((f64::INFINITY, self.slots[MAX_SLOT + 1..].iter().sum()));
+        out
+    }
+}
+
+pub fn le_seconds(slot: usize) -> f64 {
+    (1u64 << slot) as f64 * 1e-9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgio_common::hist::slot;
+
+    fn observe(h: &mut Log2Hist, ns: u64) {
+        h.add(
+            slot(ns),
+            &Bucket {
+                count: 1,
+                sum: ns,
+                bytes: 0,
+            },
+        );
+    }
+
+    #[test]
+    fn buckets_are_upper_inclusive_powers_of_two_in_seconds() {
+        let mut h = Log2Hist::default();
+        observe(&mut h, 100); // below 256 ns: first bucket
+        observe(&mut h, 1 << 20); // exactly 2^20 ns: le=2^20
+        observe(&mut h, (1 << 20) + 1); // just above: le=2^21
+        observe(&mut h, 1 << 40); // beyond 2^34: only +Inf
+        let b = h.prometheus_buckets();
+        assert_eq!(b.len(), MAX_SLOT - MIN_SLOT + 2);
+        assert_eq!(b[0], (256e-9, 1));
+        let at = |k: usize| b[k - MIN_SLOT];
+        assert!((at(20).0 - 0.001048576).abs() < 1e-15);
+        assert_eq!(at(20).1, 1);
+        assert_eq!(at(21).1, 1);
+        assert_eq!(b.last(), Some(&(f64::INFINITY, 1)));
+        assert_eq!(b.iter().map(|x| x.1).sum::<u64>(), h.count());
+        assert_eq!(h.count(), 4);
+        assert_eq!(h.sum_ns, 100 + (1 << 20) + (1 << 20) + 1 + (1 << 40));
+        assert!((h.sum_seconds() - h.sum_ns as f64 * 1e-9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn adding_per_cpu_shares_sums_them() {
+        let mut h = Log2Hist::default();
+        let b = Bucket {
+            count: 3,
+            sum: 30,
+            bytes: 8192,
+        };
+        h.add(5, &b);
+        h.add(5, &b);
+        assert_eq!(h.slots[5], 6);
+        assert_eq!(h.sum_ns, 60);
+        assert_eq!(h.bytes, 16384);
+    }
+}

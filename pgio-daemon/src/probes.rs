@@ -1,0 +1,107 @@
+//! Loads the eBPF object, relocates kernel struct offsets, attaches every program. A program
+//! that cannot attach (tracepoint missing on this kernel) is reported, exported as
+//! `pgio_probe_attached{program} 0`, and the rest keeps working.
+use anyhow::{Context as _, Result, bail};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    programs::{BtfTracePoint, TracePoint},
+};
+use pgio_common::syscall::Syscall;
+use tracing::{info, warn};
+
+use crate::kernel_offsets;
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pgio"));
+
+/// How a program attaches.
+#[derive(Clone, Copy, Debug)]
+pub enum Attach {
+    /// `tp_btf/<name>`
+    Btf,
+    /// `tracepoint/<category>/<name>`
+    TracePoint(&'static str),
+}
+
+#[derive(Clone, Debug)]
+pub struct ProbeStatus {
+    /// Program name = tracepoint name (`sys_enter_pread64`, `block_rq_issue`, ...).
+    pub program: String,
+    pub attached: bool,
+    pub error: Option<String>,
+}
+
+/// Every program of the object and where it attaches.
+pub fn programs() -> Vec<(String, Attach)> {
+    let mut v: Vec<(String, Attach)> = [
+        "block_io_start",
+        "block_rq_insert",
+        "block_rq_issue",
+        "block_rq_complete",
+        "sched_process_fork",
+    ]
+    .into_iter()
+    .map(|n| (n.to_owned(), Attach::Btf))
+    .collect();
+    v.push(("sched_process_exec".into(), Attach::TracePoint("sched")));
+    v.push(("sched_process_exit".into(), Attach::TracePoint("sched")));
+    for sc in Syscall::ALL {
+        for dir in ["enter", "exit"] {
+            v.push((format!("sys_{dir}_{}", sc.name()), Attach::TracePoint("syscalls")));
+        }
+    }
+    v
+}
+
+pub struct Probes {
+    pub ebpf: Ebpf,
+    pub status: Vec<ProbeStatus>,
+}
+
+pub fn load_and_attach() -> Result<Probes> {
+    if OBJECT.is_empty() {
+        bail!(
+            "this pgio-daemon was built without its eBPF object (AYA_BUILD_SKIP was set); \
+             rebuild with `cargo xtask build`"
+        );
+    }
+    let offsets = kernel_offsets::from_vmlinux().context("reading struct offsets from kernel BTF")?;
+    let mut ebpf = EbpfLoader::new()
+        .override_global("KERNEL_OFFSETS", &offsets, true)
+        .load(OBJECT)
+        .context("loading the eBPF object")?;
+    let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
+    let mut status = Vec::new();
+    for (name, attach) in programs() {
+        let result = attach_one(&mut ebpf, &btf, &name, attach);
+        match &result {
+            Ok(()) => info!(program = %name, "attached"),
+            Err(e) => warn!(program = %name, error = format!("{e:#}"), "not attached"),
+        }
+        status.push(ProbeStatus {
+            program: name,
+            attached: result.is_ok(),
+            error: result.err().map(|e| format!("{e:#}")),
+        });
+    }
+    Ok(Probes { ebpf, status })
+}
+
+fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &str, attach: Attach) -> Result<()> {
+    let prog = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))?;
+    match attach {
+        Attach::Btf => {
+            let p: &mut BtfTracePoint = prog.try_into()?;
+            p.load(name, btf).with_context(|| format!("loading tp_btf/{name}"))?;
+            p.attach().with_context(|| format!("attaching tp_btf/{name}"))?;
+        }
+        Attach::TracePoint(category) => {
+            let p: &mut TracePoint = prog.try_into()?;
+            p.load().with_context(|| format!("loading tracepoint/{category}/{name}"))?;
+            p.attach(category, name)
+                .with_context(|| format!("attaching tracepoint/{category}/{name}"))?;
+        }
+    }
+    Ok(())
+}

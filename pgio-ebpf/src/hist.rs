@@ -1,0 +1,26 @@
+//! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event.
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
+use pgio_common::{hist::Bucket, Drop};
+
+use crate::drops;
+
+#[inline(always)]
+pub fn add<K>(map: &PerCpuHashMap<K, Bucket>, key: &K, value_ns: u64, bytes: u64) {
+    if let Some(b) = map.get_ptr_mut(key) {
+        // SAFETY: per-CPU value, only this CPU writes it.
+        unsafe {
+            (*b).count += 1;
+            (*b).sum += value_ns;
+            (*b).bytes += bytes;
+        }
+        return;
+    }
+    let b = Bucket {
+        count: 1,
+        sum: value_ns,
+        bytes,
+    };
+    if map.insert(key, &b, BPF_NOEXIST as u64).is_err() {
+        drops::count(Drop::HistFull);
+    }
+}

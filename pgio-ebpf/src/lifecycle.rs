@@ -1,0 +1,85 @@
+//! Process lifecycle → ring buffer → userspace discovery. Only events userspace acts on:
+//! forks of tracked processes, every exec, exits of tracked processes.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::RingBuf,
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use pgio_common::{
+    Drop,
+    lifecycle::{LifecycleEvent, LifecycleKind},
+};
+
+use crate::{block_io::offsets, drops, syscall::SYSCALL_START, tracked};
+
+#[map]
+static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+#[inline(always)]
+fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: u32) {
+    let ev = LifecycleEvent {
+        kind: kind as u32,
+        pid,
+        ppid,
+        series,
+    };
+    if LIFECYCLE.output::<LifecycleEvent>(&ev, 0).is_err() {
+        drops::count(Drop::LifecycleRingFull);
+    }
+}
+
+/// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, in the
+/// parent's context, before the child first runs: the child inherits the series now, so its
+/// first syscalls are already counted.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some(series) = tracked::series_of(parent_tgid) else {
+        return 0;
+    };
+    let child: u64 = ctx.arg(1);
+    let off = offsets();
+    let (pid, tgid) = unsafe {
+        (
+            bpf_probe_read_kernel((child + off.task_pid as u64) as *const i32),
+            bpf_probe_read_kernel((child + off.task_tgid as u64) as *const i32),
+        )
+    };
+    let (Ok(pid), Ok(tgid)) = (pid, tgid) else {
+        return 0;
+    };
+    if pid != tgid {
+        return 0; // a new thread: it is looked up by its tgid already
+    }
+    if tracked::TRACKED.insert(&(tgid as u32), &series, 0).is_err() {
+        return 0;
+    }
+    emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    emit(LifecycleKind::Exec, tgid, 0, 0);
+    0
+}
+
+/// Fires for every exiting thread; the process is gone when its leader exits.
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    // A thread killed inside a timed syscall never reaches its sys_exit.
+    let _ = SYSCALL_START.remove(&tid);
+    if tid != tgid {
+        return 0;
+    }
+    let Some(series) = tracked::series_of(tgid) else {
+        return 0;
+    };
+    let _ = tracked::TRACKED.remove(&tgid);
+    emit(LifecycleKind::Exit, tgid, 0, series);
+    0
+}

@@ -1,0 +1,23 @@
+//! pgio's kernel side. Data path: tracepoint → per-CPU histogram map (log2 ns buckets) that
+//! userspace reads at scrape time. Every program first finds the current process' series in
+//! `TRACKED` and, for syscalls, returns at once when it has none.
+#![no_std]
+#![no_main]
+
+mod block_io;
+mod drops;
+mod hist;
+mod lifecycle;
+mod syscall;
+mod tracked;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+// bpf_probe_read_kernel and the ring buffer helpers are GPL-only.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";
