@@ -28,8 +28,11 @@ pub enum Drop {
     InflightFull = 2,
     /// The per-thread syscall start map was full: a syscall was not timed.
     SyscallStartFull = 3,
-    /// A completion with no matching issue (request started before pgio, or evicted).
-    CompleteWithoutIssue = 4,
+    /// A completion with no in-flight entry. Not a loss as a rule: a request that goes
+    /// through a flush sequence (REQ_PREFLUSH/REQ_FUA) fires `block_rq_complete` twice, once
+    /// for its data and once at the end of the sequence; also requests issued before pgio
+    /// started.
+    CompleteUnmatched = 4,
 }
 
 pub const DROP_REASONS: usize = 5;
@@ -40,7 +43,7 @@ impl Drop {
         Drop::LifecycleRingFull,
         Drop::InflightFull,
         Drop::SyscallStartFull,
-        Drop::CompleteWithoutIssue,
+        Drop::CompleteUnmatched,
     ];
 
     pub const fn reason(self) -> &'static str {
@@ -49,7 +52,7 @@ impl Drop {
             Drop::LifecycleRingFull => "lifecycle_ring_full",
             Drop::InflightFull => "inflight_map_full",
             Drop::SyscallStartFull => "syscall_start_map_full",
-            Drop::CompleteWithoutIssue => "complete_without_issue",
+            Drop::CompleteUnmatched => "complete_unmatched",
         }
     }
 }

@@ -219,18 +219,26 @@ impl Collector for PgioCollector {
                 .iter()
                 .map(|p| ([("program", p.program.as_str())], p.attached as i64)),
         )?;
+        let dropped = |d: Drop| {
+            self.drops
+                .get(&(d as u32), 0)
+                .map(|v| v.iter().sum::<u64>())
+                .unwrap_or(0)
+        };
         counters(
             &mut enc,
             "pgio_events_dropped",
             "Kernel events pgio could not record, by reason.",
-            Drop::ALL.iter().map(|d| {
-                let n = self
-                    .drops
-                    .get(&(*d as u32), 0)
-                    .map(|v| v.iter().sum::<u64>())
-                    .unwrap_or(0);
-                ([("reason", d.reason())], n)
-            }),
+            Drop::ALL
+                .iter()
+                .filter(|d| **d != Drop::CompleteUnmatched)
+                .map(|d| ([("reason", d.reason())], dropped(*d))),
+        )?;
+        counters(
+            &mut enc,
+            "pgio_block_io_unmatched_completions",
+            "block_rq_complete events with no in-flight request: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), or requests issued before pgio started. Not lost IO.",
+            std::iter::once(([] as [(&str, &str); 0], dropped(Drop::CompleteUnmatched))),
         )?;
         let stats: Vec<(&str, (u64, u64, u64))> = self
             .program_fds

@@ -133,13 +133,13 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u32 = ctx.arg(2);
     let Some(e) = BLOCK_IO_INFLIGHT.get_ptr(&rq) else {
-        drops::count(Drop::CompleteWithoutIssue);
+        drops::count(Drop::CompleteUnmatched);
         return 0;
     };
     let e = unsafe { *e };
     let _ = BLOCK_IO_INFLIGHT.remove(&rq);
     if e.issue_ns == 0 {
-        drops::count(Drop::CompleteWithoutIssue);
+        drops::count(Drop::CompleteUnmatched);
         return 0;
     }
     let Some((dev, op)) = device_and_op(rq) else {

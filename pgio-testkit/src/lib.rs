@@ -1,0 +1,108 @@
+//! Real-kernel fixtures for pgio's integration tests: loop devices, ext4 mounts,
+//! /proc/diskstats, a PostgreSQL 15 cluster, the `pgio-load` load generator and a
+//! Prometheus scrape helper. Every fixture cleans up in `Drop`, also when a test panics.
+//!
+//! Drop order matters for stacked fixtures: declare them in creation order
+//! (`TempDir`, `LoopDevice`, `Ext4Mount`, `PgCluster`) so they are torn down in reverse.
+
+mod cmd;
+pub mod diskstats;
+pub mod ext4;
+pub mod load;
+pub mod loopdev;
+pub mod metrics;
+pub mod postgres;
+pub mod process;
+
+use std::time::{Duration, Instant};
+
+pub use diskstats::{diskstats, DiskStats};
+pub use ext4::Ext4Mount;
+pub use load::{pgio_load_bin, LoadProcess};
+pub use loopdev::LoopDevice;
+pub use metrics::{scrape, Metrics, Sample};
+pub use postgres::{PgCluster, PgOptions, PG15_BIN_DIR};
+pub use process::{pid_alive, processes_with_cmdline_containing, processes_with_parent};
+pub use tempfile::TempDir;
+
+/// Env var that turns "skip without root" into a test failure (for CI running as root).
+pub const REQUIRE_ROOT_ENV: &str = "PGIO_REQUIRE_ROOT_TESTS";
+
+/// True if the test may run (effective uid 0). Otherwise panics when
+/// `PGIO_REQUIRE_ROOT_TESTS` is set, or prints a skip reason and returns false.
+pub fn require_root(test_name: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os(REQUIRE_ROOT_ENV).is_some() {
+        panic!("{test_name}: needs root for eBPF and loop devices, but {REQUIRE_ROOT_ENV} is set and euid != 0");
+    }
+    eprintln!("{test_name}: skipped: needs root for eBPF and loop devices (set {REQUIRE_ROOT_ENV} to fail instead)");
+    false
+}
+
+/// A fresh temporary directory with mode 0755, so that other users (the `postgres`
+/// OS user) can traverse it to reach data and socket directories below it.
+pub fn temp_dir() -> anyhow::Result<TempDir> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix("pgio-test-")
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempdir()
+        .context("creating temp dir")
+}
+
+/// Polls `cond` every `poll_interval` until it returns true (-> true) or `timeout`
+/// elapses (-> false). `cond` is always evaluated at least once, and once more at the deadline.
+pub fn wait_until(
+    timeout: Duration,
+    poll_interval: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(poll_interval.min(deadline - now));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_until_succeeds_and_times_out() {
+        let mut n = 0;
+        assert!(wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+            || {
+                n += 1;
+                n == 3
+            }
+        ));
+        let t = Instant::now();
+        assert!(!wait_until(
+            Duration::from_millis(30),
+            Duration::from_millis(5),
+            || false
+        ));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn temp_dir_is_traversable() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = temp_dir().unwrap();
+        let mode = std::fs::metadata(d.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
+    }
+}

@@ -1,0 +1,417 @@
+//! Scraping and querying a Prometheus / OpenMetrics text exposition.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+
+/// One sample line: `name{labels} value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Sample {
+    /// True if every `(label, value)` pair is present with exactly that value.
+    pub fn matches(&self, labels: &[(&str, &str)]) -> bool {
+        labels
+            .iter()
+            .all(|(k, v)| self.labels.get(*k).map(String::as_str) == Some(*v))
+    }
+}
+
+/// A histogram summed over all series matching a label filter.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Histogram {
+    /// (upper bound `le`, cumulative count), sorted by bound; the last bound is +Inf.
+    pub buckets: Vec<(f64, f64)>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl Histogram {
+    /// Cumulative count of the largest bucket whose bound is <= `bound` (0 if none).
+    pub fn count_le(&self, bound: f64) -> f64 {
+        self.buckets
+            .iter()
+            .take_while(|(le, _)| *le <= bound)
+            .last()
+            .map_or(0.0, |(_, c)| *c)
+    }
+}
+
+/// A parsed exposition.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    samples: Vec<Sample>,
+    types: BTreeMap<String, String>,
+}
+
+/// GETs `url` (plain `http://host:port/path`, HTTP/1.1) and parses the body.
+pub fn scrape(url: &str) -> Result<Metrics> {
+    let body = http_get(url, Duration::from_secs(10))?;
+    Metrics::parse(&body).with_context(|| format!("parsing metrics from {url}"))
+}
+
+impl Metrics {
+    /// Parses Prometheus text format 0.0.4 or OpenMetrics text (exemplars, `# EOF`).
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut m = Metrics::default();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(comment) = line.strip_prefix('#') {
+                let mut parts = comment.split_whitespace();
+                if parts.next() == Some("TYPE") {
+                    if let (Some(name), Some(ty)) = (parts.next(), parts.next()) {
+                        m.types.insert(name.to_owned(), ty.to_owned());
+                    }
+                }
+                continue;
+            }
+            m.samples
+                .push(parse_sample(line).with_context(|| format!("line {}: {line:?}", i + 1))?);
+        }
+        Ok(m)
+    }
+
+    /// Every sample, in exposition order.
+    pub fn all(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    /// Samples with exactly this name (e.g. `pgio_block_io_latency_seconds_bucket`).
+    pub fn samples<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples.iter().filter(move |s| s.name == name)
+    }
+
+    /// Samples of this name whose labels include all the given pairs.
+    pub fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples(name).filter(move |s| s.matches(labels))
+    }
+
+    /// Sum of the values of `matching(name, labels)` (0 if none).
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels).map(|s| s.value).sum()
+    }
+
+    /// The `# TYPE` of a metric family, if declared.
+    pub fn metric_type(&self, family: &str) -> Option<&str> {
+        self.types.get(family).map(String::as_str)
+    }
+
+    /// The histogram `<family>_bucket/_sum/_count`, summed over all series whose labels
+    /// include the given pairs (buckets are added per `le`).
+    pub fn histogram(&self, family: &str, labels: &[(&str, &str)]) -> Result<Histogram> {
+        let bucket_name = format!("{family}_bucket");
+        let mut by_le: Vec<(f64, f64)> = Vec::new();
+        for s in self.matching(&bucket_name, labels) {
+            let le_str = s
+                .labels
+                .get("le")
+                .with_context(|| format!("{bucket_name} sample without le"))?;
+            let le = parse_value(le_str).with_context(|| format!("bad le {le_str:?}"))?;
+            match by_le.iter_mut().find(|(b, _)| *b == le) {
+                Some(entry) => entry.1 += s.value,
+                None => by_le.push((le, s.value)),
+            }
+        }
+        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(Histogram {
+            buckets: by_le,
+            sum: self.sum(&format!("{family}_sum"), labels),
+            count: self.sum(&format!("{family}_count"), labels),
+        })
+    }
+}
+
+fn parse_sample(line: &str) -> Result<Sample> {
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .context("no value")?;
+    let name = &line[..name_end];
+    ensure!(
+        !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+        "bad metric name {name:?}"
+    );
+    let mut rest = &line[name_end..];
+    let mut labels = BTreeMap::new();
+    if let Some(after_brace) = rest.strip_prefix('{') {
+        rest = parse_labels(after_brace, &mut labels)?;
+    }
+    // Drop an OpenMetrics exemplar (` # {...} v ts`); then "value [timestamp]".
+    let rest = rest.split(" #").next().unwrap_or("");
+    let value_str = rest.split_whitespace().next().context("no value")?;
+    let value = parse_value(value_str).with_context(|| format!("bad value {value_str:?}"))?;
+    Ok(Sample {
+        name: name.to_owned(),
+        labels,
+        value,
+    })
+}
+
+/// Parses `a="x",b="y"}` (after the `{`); returns the text after the `}`.
+fn parse_labels<'a>(mut s: &'a str, out: &mut BTreeMap<String, String>) -> Result<&'a str> {
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix('}') {
+            return Ok(rest);
+        }
+        let eq = s.find('=').context("label without '='")?;
+        let key = s[..eq].trim();
+        ensure!(
+            !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad label name {key:?}"
+        );
+        s = s[eq + 1..]
+            .trim_start()
+            .strip_prefix('"')
+            .context("label value must be quoted")?;
+        let mut value = String::new();
+        let mut chars = s.char_indices();
+        let end = loop {
+            match chars.next() {
+                None => bail!("unterminated label value"),
+                Some((i, '"')) => break i,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, '\\')) => value.push('\\'),
+                    Some((_, '"')) => value.push('"'),
+                    Some((_, c)) => {
+                        value.push('\\');
+                        value.push(c);
+                    }
+                    None => bail!("unterminated label value"),
+                },
+                Some((_, c)) => value.push(c),
+            }
+        };
+        out.insert(key.to_owned(), value);
+        s = s[end + 1..].trim_start();
+        if let Some(rest) = s.strip_prefix(',') {
+            s = rest;
+        } else if !s.starts_with('}') {
+            bail!("expected ',' or '}}' after label {key}");
+        }
+    }
+}
+
+fn parse_value(s: &str) -> Result<f64> {
+    Ok(match s {
+        "+Inf" | "Inf" | "inf" | "+inf" => f64::INFINITY,
+        "-Inf" | "-inf" => f64::NEG_INFINITY,
+        "NaN" | "nan" => f64::NAN,
+        _ => s.parse()?,
+    })
+}
+
+/// Minimal HTTP/1.1 GET (`Connection: close`); handles Content-Length and chunked bodies.
+/// Fails unless the status is 200.
+pub fn http_get(url: &str, timeout: Duration) -> Result<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("only http:// URLs are supported: {url}"))?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = if hostport.contains(':') && !hostport.ends_with(']') {
+        hostport.to_owned()
+    } else {
+        format!("{hostport}:80")
+    };
+    let sock = addr
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {addr}"))?
+        .next()
+        .with_context(|| format!("no address for {addr}"))?;
+    let mut stream = TcpStream::connect_timeout(&sock, timeout)
+        .with_context(|| format!("connecting to {url}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+    )
+    .with_context(|| format!("sending request to {url}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .with_context(|| format!("reading response from {url}"))?;
+    parse_http_response(&raw).with_context(|| format!("GET {url}"))
+}
+
+fn parse_http_response(raw: &[u8]) -> Result<String> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no end of headers")?;
+    let head = std::str::from_utf8(&raw[..split]).context("non-UTF-8 headers")?;
+    let body = &raw[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap_or("");
+    let code = status.split_whitespace().nth(1).unwrap_or("");
+    let mut chunked = false;
+    let mut content_length = None;
+    for h in lines {
+        if let Some((k, v)) = h.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+            if k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked") {
+                chunked = true;
+            } else if k == "content-length" {
+                content_length = Some(v.parse::<usize>().context("bad Content-Length")?);
+            }
+        }
+    }
+    let body = if chunked {
+        decode_chunked(body)?
+    } else if let Some(n) = content_length {
+        ensure!(
+            body.len() >= n,
+            "body truncated: {} of {n} bytes",
+            body.len()
+        );
+        body[..n].to_vec()
+    } else {
+        body.to_vec()
+    };
+    let body = String::from_utf8(body).context("non-UTF-8 body")?;
+    ensure!(
+        code == "200",
+        "HTTP status {status:?}: {}",
+        body.chars().take(500).collect::<String>()
+    );
+    Ok(body)
+}
+
+fn decode_chunked(mut s: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = s
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("truncated chunk header")?;
+        let header = std::str::from_utf8(&s[..eol]).context("bad chunk header")?;
+        let size_hex = header.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .with_context(|| format!("bad chunk size {size_hex:?}"))?;
+        s = &s[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        ensure!(s.len() >= size + 2, "truncated chunk");
+        out.extend_from_slice(&s[..size]);
+        s = &s[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP pgio_block_io_latency_seconds Block IO latency.
+# TYPE pgio_block_io_latency_seconds histogram
+pgio_block_io_latency_seconds_bucket{device="loop3",op="read",le="0.001"} 10
+pgio_block_io_latency_seconds_bucket{device="loop3",op="read",le="0.01"} 25
+pgio_block_io_latency_seconds_bucket{device="loop3",op="read",le="+Inf"} 30
+pgio_block_io_latency_seconds_sum{device="loop3",op="read"} 0.25
+pgio_block_io_latency_seconds_count{device="loop3",op="read"} 30
+pgio_block_io_latency_seconds_bucket{device="loop4",op="read",le="0.001"} 1
+pgio_block_io_latency_seconds_bucket{device="loop4",op="read",le="0.01"} 2
+pgio_block_io_latency_seconds_bucket{device="loop4",op="read",le="+Inf"} 2 # {trace_id="x"} 0.002 1.7e9
+pgio_block_io_latency_seconds_sum{device="loop4",op="read"} 0.01
+pgio_block_io_latency_seconds_count{device="loop4",op="read"} 2
+odd{path="a\\b \"q\"\nz", empty="",} 1.5e3 1712345678000
+up 1
+# EOF
+"#;
+
+    #[test]
+    fn parses_and_queries() {
+        let m = Metrics::parse(TEXT).unwrap();
+        assert_eq!(
+            m.metric_type("pgio_block_io_latency_seconds"),
+            Some("histogram")
+        );
+        let name = "pgio_block_io_latency_seconds_count";
+        assert_eq!(m.sum(name, &[]), 32.0);
+        assert_eq!(m.sum(name, &[("device", "loop3")]), 30.0);
+        assert_eq!(m.sum(name, &[("device", "loop3"), ("op", "write")]), 0.0);
+        assert_eq!(m.samples("up").count(), 1);
+        let odd = m.samples("odd").next().unwrap();
+        assert_eq!(odd.labels["path"], "a\\b \"q\"\nz");
+        assert_eq!(odd.labels["empty"], "");
+        assert_eq!(odd.value, 1500.0);
+        let inf = m.matching("pgio_block_io_latency_seconds_bucket", &[("le", "+Inf")]);
+        assert_eq!(inf.map(|s| s.value).sum::<f64>(), 32.0);
+    }
+
+    #[test]
+    fn aggregates_histograms() {
+        let m = Metrics::parse(TEXT).unwrap();
+        let h = m
+            .histogram("pgio_block_io_latency_seconds", &[("op", "read")])
+            .unwrap();
+        assert_eq!(
+            h.buckets,
+            vec![(0.001, 11.0), (0.01, 27.0), (f64::INFINITY, 32.0)]
+        );
+        assert_eq!((h.sum, h.count), (0.26, 32.0));
+        assert_eq!(h.count_le(0.005), 11.0);
+        assert_eq!(h.count_le(0.0001), 0.0);
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert!(Metrics::parse("foo{a=\"x} 1").is_err());
+        assert!(Metrics::parse("foo{a=x} 1").is_err());
+        assert!(Metrics::parse("foo bar").is_err());
+        assert!(Metrics::parse("foo").is_err());
+    }
+
+    #[test]
+    fn decodes_http_bodies() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1\r\n1\r\n\n\r\n0\r\n\r\n";
+        assert_eq!(parse_http_response(raw).unwrap(), "up 1\n");
+        let raw = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nup 1";
+        assert_eq!(parse_http_response(raw).unwrap(), "up 1");
+        assert!(parse_http_response(b"HTTP/1.1 404 Not Found\r\n\r\nnope").is_err());
+    }
+
+    #[test]
+    fn scrapes_a_local_server() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let n = conn.read(&mut buf).unwrap();
+            assert!(std::str::from_utf8(&buf[..n])
+                .unwrap()
+                .starts_with("GET /metrics HTTP/1.1\r\n"));
+            let body = "x_total{a=\"1\"} 3\nx_total{a=\"2\"} 4\n";
+            write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+        });
+        let m = scrape(&format!("http://{addr}/metrics")).unwrap();
+        server.join().unwrap();
+        assert_eq!(m.sum("x_total", &[]), 7.0);
+    }
+}
