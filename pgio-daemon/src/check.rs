@@ -30,7 +30,10 @@ fn finding(level: Level, what: impl Into<String>) -> Finding {
 /// Programs pgio still works without: `block_io_start` appeared in 6.5 (the submitter then
 /// comes from insert/issue), `futex_waitv` in 5.16.
 fn optional(program: &str) -> bool {
-    matches!(program, "block_io_start" | "sys_enter_futex_waitv" | "sys_exit_futex_waitv")
+    matches!(
+        program,
+        "block_io_start" | "sys_enter_futex_waitv" | "sys_exit_futex_waitv"
+    )
 }
 
 pub fn run_checks() -> Vec<Finding> {
@@ -39,18 +42,27 @@ pub fn run_checks() -> Vec<Finding> {
     let btf_ok = Path::new(kernel_offsets::VMLINUX_BTF).exists();
     if btf_ok {
         match kernel_offsets::from_vmlinux() {
-            Ok(o) => out.push(finding(Level::Ok, format!("BTF {}: struct offsets {o:?}", kernel_offsets::VMLINUX_BTF))),
+            Ok(o) => out.push(finding(
+                Level::Ok,
+                format!("BTF {}: struct offsets {o:?}", kernel_offsets::VMLINUX_BTF),
+            )),
             Err(e) => out.push(finding(Level::Fail, format!("BTF: {e:#}"))),
         }
     } else {
         out.push(finding(
             Level::Fail,
-            format!("BTF: {} missing (kernel built without CONFIG_DEBUG_INFO_BTF)", kernel_offsets::VMLINUX_BTF),
+            format!(
+                "BTF: {} missing (kernel built without CONFIG_DEBUG_INFO_BTF)",
+                kernel_offsets::VMLINUX_BTF
+            ),
         ));
     }
     let root = match tracefs::root() {
         Some(r) => {
-            out.push(finding(Level::Ok, format!("tracefs mounted at {}", r.display())));
+            out.push(finding(
+                Level::Ok,
+                format!("tracefs mounted at {}", r.display()),
+            ));
             Some(r)
         }
         None => {
@@ -79,7 +91,11 @@ pub fn run_checks() -> Vec<Finding> {
             (false, true) => Level::Warn,
             (false, false) => Level::Fail,
         };
-        let what = if present { kind } else { format!("{kind} missing") };
+        let what = if present {
+            kind
+        } else {
+            format!("{kind} missing")
+        };
         out.push(finding(level, what));
     }
     out
@@ -92,7 +108,12 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 fn privileges() -> Vec<Finding> {
     let effective = match caps::read(None, CapSet::Effective) {
         Ok(c) => c,
-        Err(e) => return vec![finding(Level::Fail, format!("cannot read capabilities: {e}"))],
+        Err(e) => {
+            return vec![finding(
+                Level::Fail,
+                format!("cannot read capabilities: {e}"),
+            )];
+        }
     };
     let has = |c: Capability| effective.contains(&c);
     let admin = has(Capability::CAP_SYS_ADMIN);
@@ -104,11 +125,17 @@ fn privileges() -> Vec<Finding> {
         if has(cap) || admin {
             out.push(finding(Level::Ok, format!("{cap} ({why})")));
         } else {
-            out.push(finding(Level::Fail, format!("{cap} missing: needed to {why} (run as root or grant it)")));
+            out.push(finding(
+                Level::Fail,
+                format!("{cap} missing: needed to {why} (run as root or grant it)"),
+            ));
         }
     }
     if has(Capability::CAP_SYS_PTRACE) {
-        out.push(finding(Level::Ok, "CAP_SYS_PTRACE (read /proc/<pid>/exe of other users)"));
+        out.push(finding(
+            Level::Ok,
+            "CAP_SYS_PTRACE (read /proc/<pid>/exe of other users)",
+        ));
     } else {
         out.push(finding(
             Level::Warn,

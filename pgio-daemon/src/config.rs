@@ -34,8 +34,6 @@ pub struct RuleConfig {
     pub cmdline: Option<Spanned<String>>,
 }
 
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:9435";
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -92,7 +90,8 @@ impl Config {
                 ));
             }
             for r in [&rule.comm, &rule.exe, &rule.cmdline].into_iter().flatten() {
-                Regex::new(r.get_ref()).map_err(|e| invalid(r.span().start, format!("invalid regex: {e}")))?;
+                Regex::new(r.get_ref())
+                    .map_err(|e| invalid(r.span().start, format!("invalid regex: {e}")))?;
             }
         }
         if config.rescan_interval_secs == 0 {
@@ -110,7 +109,8 @@ impl Config {
 
     /// Compiled rules (regexes were validated by `parse`).
     pub fn compiled_rules(&self) -> Vec<Rule> {
-        let re = |s: &Option<Spanned<String>>| s.as_ref().and_then(|s| Regex::new(s.get_ref()).ok());
+        let re =
+            |s: &Option<Spanned<String>>| s.as_ref().and_then(|s| Regex::new(s.get_ref()).ok());
         self.rules
             .iter()
             .map(|r| Rule {
@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn empty_config_is_the_default() {
         let c = Config::parse("", "x.toml").expect("empty config");
-        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.listen.to_string(), "0.0.0.0:9435");
         assert!(c.rules.is_empty());
     }
 
@@ -158,8 +158,11 @@ mod tests {
 
     #[test]
     fn unknown_field_names_file_line_and_field() {
-        let e = Config::parse("listen = \"127.0.0.1:1\"\n\nlisten_port = 3\n", "/etc/pgio.toml")
-            .expect_err("unknown field");
+        let e = Config::parse(
+            "listen = \"127.0.0.1:1\"\n\nlisten_port = 3\n",
+            "/etc/pgio.toml",
+        )
+        .expect_err("unknown field");
         let msg = e.to_string();
         assert!(msg.starts_with("/etc/pgio.toml:3: "), "{msg}");
         assert!(msg.contains("listen_port"), "{msg}");

@@ -9,8 +9,9 @@ pub struct DeviceNames {
 }
 
 impl DeviceNames {
-    /// Cached; a device that is gone keeps the name it had (loop devices get reused, so a
-    /// name unknown at first is looked up again on the next call).
+    /// Cached: a block device's name follows from its number (loopN is always 7:N), and a
+    /// device that is gone keeps the name its series were exported under. A number not in
+    /// /sys yet is looked up again on the next call.
     pub fn name(&mut self, dev: u32) -> String {
         if let Some(n) = self.names.get(&dev) {
             return n.clone();
@@ -27,11 +28,5 @@ impl DeviceNames {
             }
             Err(_) => format!("{major}:{minor}"),
         }
-    }
-
-    /// Forget everything: loop devices are detached and reattached with other backing files,
-    /// and names can move between numbers. Called on each rescan.
-    pub fn clear(&mut self) {
-        self.names.clear();
     }
 }

@@ -56,7 +56,6 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
     let cmdline = p.cmdline().ok().unwrap_or_default().join(" ");
     let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
     Some(ProcessInfo {
-        pid,
         comm: stat.comm,
         cmdline,
         exe,

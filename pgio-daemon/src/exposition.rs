@@ -49,7 +49,8 @@ impl fmt::Debug for PgioCollector {
     }
 }
 
-const HELP_DEVICE: &str = "Block request device time, issue to complete, by submitting process series (seconds).";
+const HELP_DEVICE: &str =
+    "Block request device time, issue to complete, by submitting process series (seconds).";
 const HELP_QUEUE: &str = "Block request queue time, insert to issue, for requests that went through a scheduler queue (seconds).";
 const HELP_REQUESTS: &str = "Block requests completed, by submitting process series.";
 const HELP_BYTES: &str = "Bytes of block requests completed, by submitting process series.";
@@ -65,8 +66,12 @@ fn histograms<'a, L: EncodeLabelSet + 'a>(
     let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
     for (labels, h) in items {
         let buckets = h.prometheus_buckets();
-        m.encode_family(&labels)?
-            .encode_histogram::<NoLabelSet>(h.sum_seconds(), h.count(), &buckets, None)?;
+        m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+            h.sum_seconds(),
+            h.count(),
+            &buckets,
+            None,
+        )?;
     }
     Ok(())
 }
@@ -106,7 +111,11 @@ fn program_stats(fd: RawFd) -> Option<(u64, u64, u64)> {
             .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
             .unwrap_or(0)
     };
-    Some((field("run_time_ns:"), field("run_cnt:"), field("recursion_misses:")))
+    Some((
+        field("run_time_ns:"),
+        field("run_cnt:"),
+        field("recursion_misses:"),
+    ))
 }
 
 impl Collector for PgioCollector {
@@ -132,7 +141,10 @@ impl Collector for PgioCollector {
         let block_labels = |(s, dev, op): &(u32, u32, u8)| WithLabels {
             series: series(*s),
             extra: [
-                ("device", dev_names.get(dev).map(String::as_str).unwrap_or("")),
+                (
+                    "device",
+                    dev_names.get(dev).map(String::as_str).unwrap_or(""),
+                ),
                 ("op", BlockOp::from_u8(*op).name()),
             ],
         };
@@ -153,23 +165,39 @@ impl Collector for PgioCollector {
             &mut enc,
             "pgio_block_io_requests",
             HELP_REQUESTS,
-            block.device.iter().map(|(id, h)| (block_labels(id), h.count())),
+            block
+                .device
+                .iter()
+                .map(|(id, h)| (block_labels(id), h.count())),
         )?;
         counters(
             &mut enc,
             "pgio_block_io_bytes",
             HELP_BYTES,
-            block.device.iter().map(|(id, h)| (block_labels(id), h.bytes)),
+            block
+                .device
+                .iter()
+                .map(|(id, h)| (block_labels(id), h.bytes)),
         )?;
 
         let syscall_labels = |(s, sc, cache): &(u32, u8, u8)| WithLabels {
             series: series(*s),
             extra: [
-                ("syscall", Syscall::from_u8(*sc).map(Syscall::name).unwrap_or("unknown")),
+                (
+                    "syscall",
+                    Syscall::from_u8(*sc)
+                        .map(Syscall::name)
+                        .unwrap_or("unknown"),
+                ),
                 ("cache", Cache::from_u8(*cache).label()),
             ],
         };
-        let is_futex = |sc: u8| matches!(Syscall::from_u8(sc), Some(Syscall::Futex | Syscall::FutexWaitv));
+        let is_futex = |sc: u8| {
+            matches!(
+                Syscall::from_u8(sc),
+                Some(Syscall::Futex | Syscall::FutexWaitv)
+            )
+        };
         histograms(
             &mut enc,
             "pgio_syscall_seconds",
@@ -206,7 +234,10 @@ impl Collector for PgioCollector {
             dev_names.iter().map(|(dev, name)| {
                 let major = dev_major(*dev).to_string();
                 let minor = dev_minor(*dev).to_string();
-                ([("device", name.clone()), ("major", major), ("minor", minor)], 1)
+                (
+                    [("device", name.clone()), ("major", major), ("minor", minor)],
+                    1,
+                )
             }),
         )?;
         drop(tracked);
@@ -259,13 +290,17 @@ impl Collector for PgioCollector {
             &mut enc,
             "pgio_bpf_program_runs",
             "Runs of each eBPF program (needs bpf_stats = true in the config, else 0).",
-            stats.iter().map(|(name, (_, n, _))| ([("program", *name)], *n)),
+            stats
+                .iter()
+                .map(|(name, (_, n, _))| ([("program", *name)], *n)),
         )?;
         counters(
             &mut enc,
             "pgio_bpf_recursion_misses",
             "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
-            stats.iter().map(|(name, (_, _, r))| ([("program", *name)], *r)),
+            stats
+                .iter()
+                .map(|(name, (_, _, r))| ([("program", *name)], *r)),
         )?;
         gauges(
             &mut enc,
@@ -299,12 +334,12 @@ pub fn prometheus_text(openmetrics: &str) -> String {
         if line == "# EOF" || line.starts_with("# UNIT ") {
             continue;
         }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            if let Some(name) = rest.strip_suffix(" counter") {
-                counters.push(name);
-                let _ = writeln!(out, "# TYPE {name}_total counter");
-                continue;
-            }
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+        {
+            counters.push(name);
+            let _ = writeln!(out, "# TYPE {name}_total counter");
+            continue;
         }
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let name = rest.split(' ').next().unwrap_or_default();
@@ -352,13 +387,21 @@ mod tests {
         struct One(Labels, Log2Hist);
         impl Collector for One {
             fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-                histograms(&mut enc, "pgio_t_seconds", "t", std::iter::once((&self.0, &self.1)))
+                histograms(
+                    &mut enc,
+                    "pgio_t_seconds",
+                    "t",
+                    std::iter::once((&self.0, &self.1)),
+                )
             }
         }
         registry.register_collector(Box::new(One(labels, h)));
         let text = prometheus_text(&openmetrics(&registry).expect("encode"));
         for line in text.lines() {
-            assert!(line.starts_with("# ") || line.starts_with("pgio_t_seconds"), "{line}");
+            assert!(
+                line.starts_with("# ") || line.starts_with("pgio_t_seconds"),
+                "{line}"
+            );
         }
         assert!(text.contains(r#"database="we\"ird\nname\\ x""#), "{text}");
         // empty cluster is left out

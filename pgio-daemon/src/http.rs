@@ -43,6 +43,10 @@ async fn metrics(registry: Arc<Registry>, headers: HeaderMap) -> Response {
             exposition::prometheus_text(&text),
         )
             .into_response(),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed\n").into_response(),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encoding metrics failed\n",
+        )
+            .into_response(),
     }
 }

@@ -49,10 +49,10 @@ fn find_member(btf: &Btf, st: &btf_rs::Struct, field: &str, base: u32) -> Result
         }
         if name.is_empty() {
             let inner = resolve_struct(btf, m)?;
-            if let Some(inner) = inner {
-                if let Some(off) = find_member(btf, &inner, field, base + m.bit_offset())? {
-                    return Ok(Some(off));
-                }
+            if let Some(inner) = inner
+                && let Some(off) = find_member(btf, &inner, field, base + m.bit_offset())?
+            {
+                return Ok(Some(off));
             }
         }
     }
@@ -85,7 +85,10 @@ mod tests {
         }
         let o = from_vmlinux().expect("offsets");
         assert!(o.request_q < o.request_cmd_flags + 64, "{o:?}");
-        assert!(o.task_tgid == o.task_pid + 4, "pid and tgid are adjacent: {o:?}");
+        assert!(
+            o.task_tgid == o.task_pid + 4,
+            "pid and tgid are adjacent: {o:?}"
+        );
         assert!(o.gendisk_first_minor == o.gendisk_major + 4, "{o:?}");
     }
 }

@@ -38,7 +38,10 @@ use crate::{
 };
 
 #[derive(Parser)]
-#[command(version, about = "Where PostgreSQL query time goes on the IO path (eBPF)")]
+#[command(
+    version,
+    about = "Where PostgreSQL query time goes on the IO path (eBPF)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -73,15 +76,26 @@ fn main() -> ExitCode {
         } => {
             let filter = tracing_subscriber::EnvFilter::try_new(&log_level)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-            let config = match config.as_deref().map(Config::load).unwrap_or_else(|| Ok(Config::default())) {
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .init();
+            let config = match config
+                .as_deref()
+                .map(Config::load)
+                .unwrap_or_else(|| Ok(Config::default()))
+            {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("pgio-daemon: invalid config: {e}");
                     return ExitCode::from(2);
                 }
             };
-            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("pgio-daemon: cannot start the async runtime: {e}");
@@ -118,7 +132,10 @@ fn run_check() -> ExitCode {
         println!("pgio can run on this node");
         ExitCode::SUCCESS
     } else {
-        println!("pgio cannot run on this node; missing: {}", failed.join("; "));
+        println!(
+            "pgio cannot run on this node; missing: {}",
+            failed.join("; ")
+        );
         ExitCode::FAILURE
     }
 }
@@ -160,7 +177,10 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     raise_memlock();
 
     let _stats = if config.bpf_stats {
-        Some(aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF run-time stats")?)
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling BPF run-time stats")?,
+        )
     } else {
         None
     };
@@ -181,9 +201,16 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         .collect();
 
     let shared: SharedTracked = Arc::default();
-    let mut discovery = Discovery::new(Classifier::new(config.compiled_rules()), shared.clone(), tracked_map);
+    let mut discovery = Discovery::new(
+        Classifier::new(config.compiled_rules()),
+        shared.clone(),
+        tracked_map,
+    );
     discovery.scan_all()?;
-    info!(tracked = discovery::lock(&shared).pids.len(), "initial /proc scan done");
+    info!(
+        tracked = discovery::lock(&shared).pids.len(),
+        "initial /proc scan done"
+    );
 
     let collector = PgioCollector {
         block_io: block_io::BlockIoReader::new(block_hist),
@@ -198,7 +225,8 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
 
     info!(%listen, "serving /metrics");
-    let server = axum::serve(listener, http::router(registry)).with_graceful_shutdown(shutdown_signal());
+    let server =
+        axum::serve(listener, http::router(registry)).with_graceful_shutdown(shutdown_signal());
     tokio::select! {
         r = server => r.context("HTTP server")?,
         r = discovery_task => {
@@ -212,7 +240,10 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         error!("cannot install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };

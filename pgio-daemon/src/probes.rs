@@ -27,7 +27,6 @@ pub struct ProbeStatus {
     /// Program name = tracepoint name (`sys_enter_pread64`, `block_rq_issue`, ...).
     pub program: String,
     pub attached: bool,
-    pub error: Option<String>,
 }
 
 /// Every program of the object and where it attaches.
@@ -46,7 +45,10 @@ pub fn programs() -> Vec<(String, Attach)> {
     v.push(("sched_process_exit".into(), Attach::TracePoint("sched")));
     for sc in Syscall::ALL {
         for dir in ["enter", "exit"] {
-            v.push((format!("sys_{dir}_{}", sc.name()), Attach::TracePoint("syscalls")));
+            v.push((
+                format!("sys_{dir}_{}", sc.name()),
+                Attach::TracePoint("syscalls"),
+            ));
         }
     }
     v
@@ -64,7 +66,8 @@ pub fn load_and_attach() -> Result<Probes> {
              rebuild with `cargo xtask build`"
         );
     }
-    let offsets = kernel_offsets::from_vmlinux().context("reading struct offsets from kernel BTF")?;
+    let offsets =
+        kernel_offsets::from_vmlinux().context("reading struct offsets from kernel BTF")?;
     let mut ebpf = EbpfLoader::new()
         .override_global("KERNEL_OFFSETS", &offsets, true)
         .load(OBJECT)
@@ -80,7 +83,6 @@ pub fn load_and_attach() -> Result<Probes> {
         status.push(ProbeStatus {
             program: name,
             attached: result.is_ok(),
-            error: result.err().map(|e| format!("{e:#}")),
         });
     }
     Ok(Probes { ebpf, status })
@@ -93,12 +95,15 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &str, attach: Attach) -> Result<
     match attach {
         Attach::Btf => {
             let p: &mut BtfTracePoint = prog.try_into()?;
-            p.load(name, btf).with_context(|| format!("loading tp_btf/{name}"))?;
-            p.attach().with_context(|| format!("attaching tp_btf/{name}"))?;
+            p.load(name, btf)
+                .with_context(|| format!("loading tp_btf/{name}"))?;
+            p.attach()
+                .with_context(|| format!("attaching tp_btf/{name}"))?;
         }
         Attach::TracePoint(category) => {
             let p: &mut TracePoint = prog.try_into()?;
-            p.load().with_context(|| format!("loading tracepoint/{category}/{name}"))?;
+            p.load()
+                .with_context(|| format!("loading tracepoint/{category}/{name}"))?;
             p.attach(category, name)
                 .with_context(|| format!("attaching tracepoint/{category}/{name}"))?;
         }

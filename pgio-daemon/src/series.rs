@@ -43,14 +43,6 @@ impl SeriesRegistry {
     pub fn labels(&self, id: u32) -> Option<&Labels> {
         self.labels.get(id as usize)
     }
-
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -60,14 +52,16 @@ mod tests {
     #[test]
     fn same_labels_same_id_and_untracked_is_zero() {
         let mut r = SeriesRegistry::new();
-        assert_eq!(r.labels(SERIES_UNTRACKED).map(|l| l.app.as_str()), Some("other"));
+        assert_eq!(
+            r.labels(SERIES_UNTRACKED).map(|l| l.app.as_str()),
+            Some("other")
+        );
         let a = r.intern(Labels::app_role("postgres", "checkpointer"));
         let b = r.intern(Labels::app_role("postgres", "walwriter"));
         let a2 = r.intern(Labels::app_role("postgres", "checkpointer"));
         assert_eq!(a, 1);
         assert_eq!(b, 2);
         assert_eq!(a, a2);
-        assert_eq!(r.len(), 3);
         assert_eq!(r.labels(b).map(|l| l.role.as_str()), Some("walwriter"));
         assert_eq!(r.labels(3), None);
     }

@@ -2,7 +2,6 @@
 //! (it is not on a bare VM; DaemonSets mount the host's).
 use std::path::{Path, PathBuf};
 
-
 use anyhow::{Context as _, Result};
 
 const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
@@ -31,11 +30,18 @@ pub fn ensure_mounted() -> Result<PathBuf> {
     };
     if rc != 0 {
         let err = std::io::Error::last_os_error();
-        anyhow::bail!("tracefs is not mounted and mounting it at {} failed: {err}", CANDIDATES[0]);
+        anyhow::bail!(
+            "tracefs is not mounted and mounting it at {} failed: {err}",
+            CANDIDATES[0]
+        );
     }
     root().context("tracefs mounted but has no events/ directory")
 }
 
 pub fn tracepoint_exists(root: &Path, category: &str, name: &str) -> bool {
-    root.join("events").join(category).join(name).join("id").exists()
+    root.join("events")
+        .join(category)
+        .join(name)
+        .join("id")
+        .exists()
 }

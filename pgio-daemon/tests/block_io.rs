@@ -40,7 +40,12 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
         &before,
         &after,
         "pgio_block_io_requests_total",
-        &[("device", lo.name()), ("op", "read"), ("app", "test"), ("role", "direct-read")],
+        &[
+            ("device", lo.name()),
+            ("op", "read"),
+            ("app", "test"),
+            ("role", "direct-read"),
+        ],
     );
     let latency_count = delta(
         &before,
@@ -58,7 +63,10 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
         "diskstats reads {disk_reads}, pgio reads {pgio_reads}, attributed to pid {} {attributed}, bytes {bytes}",
         load.pid()
     );
-    assert!(disk_reads >= READS as f64, "diskstats saw {disk_reads} reads");
+    assert!(
+        disk_reads >= READS as f64,
+        "diskstats saw {disk_reads} reads"
+    );
     assert!(
         (pgio_reads - disk_reads).abs() <= 0.001 * disk_reads,
         "pgio counted {pgio_reads} read requests, /proc/diskstats {disk_reads}"
@@ -67,8 +75,14 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
         attributed >= 0.99 * pgio_reads,
         "only {attributed} of {pgio_reads} reads attributed to the reading process"
     );
-    assert!(attributed <= READS as f64, "{attributed} reads attributed, process did {READS}");
-    assert_eq!(latency_count, attributed, "histogram count equals request counter");
+    assert!(
+        attributed <= READS as f64,
+        "{attributed} reads attributed, process did {READS}"
+    );
+    assert_eq!(
+        latency_count, attributed,
+        "histogram count equals request counter"
+    );
     assert_eq!(bytes, attributed * 8192.0, "8 KiB per request");
     // Nothing in the window is lost.
     assert_eq!(

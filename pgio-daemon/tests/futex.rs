@@ -34,7 +34,10 @@ fn ten_two_ms_futex_waits_in_the_1_to_4_ms_buckets() {
     let in_range = |h: &pgio_testkit::metrics::Histogram| h.count_le(LE_4MS) - h.count_le(LE_1MS);
     let waits = in_range(&after) - in_range(&before);
     let total = after.count - before.count;
-    eprintln!("pid {}: {waits} waits in (1 ms, 4 ms], {total} futex waits in all", load.pid());
+    eprintln!(
+        "pid {}: {waits} waits in (1 ms, 4 ms], {total} futex waits in all",
+        load.pid()
+    );
     assert_eq!(waits, WAITS as f64);
     assert_eq!(total, WAITS as f64, "no other futex waits in this process");
     let mean = (after.sum - before.sum) / total;

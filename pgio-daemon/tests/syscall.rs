@@ -51,6 +51,10 @@ fn exact_pread64_and_preadv_counts() {
         "pgio_syscall_seconds_count",
         &[("app", "test"), ("role", "pread"), ("cache", "hit")],
     );
-    assert_eq!(hits, (PREAD64 + PREADV) as f64, "cache=hit for page-cache reads");
+    assert_eq!(
+        hits,
+        (PREAD64 + PREADV) as f64,
+        "cache=hit for page-cache reads"
+    );
     daemon.stop().expect("clean daemon exit");
 }

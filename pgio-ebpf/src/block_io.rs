@@ -37,10 +37,12 @@ pub fn offsets() -> KernelOffsets {
 /// In-flight requests by `struct request *`. LRU: a completion we never see (device removed,
 /// request started before pgio) must not leak an entry forever.
 #[map]
-static BLOCK_IO_INFLIGHT: LruHashMap<u64, BlockIoInflight> = LruHashMap::with_max_entries(65_536, 0);
+static BLOCK_IO_INFLIGHT: LruHashMap<u64, BlockIoInflight> =
+    LruHashMap::with_max_entries(65_536, 0);
 
 #[map]
-static BLOCK_IO_HIST: PerCpuHashMap<BlockIoKey, Bucket> = PerCpuHashMap::with_max_entries(65_536, 0);
+static BLOCK_IO_HIST: PerCpuHashMap<BlockIoKey, Bucket> =
+    PerCpuHashMap::with_max_entries(65_536, 0);
 
 #[inline(always)]
 fn current_series() -> u32 {
@@ -122,7 +124,10 @@ fn device_and_op(rq: u64) -> Option<(u32, BlockOp)> {
         }
         let major: i32 = read(disk + off.gendisk_major as u64)?;
         let minor: i32 = read(disk + off.gendisk_first_minor as u64)?;
-        Some((mkdev(major as u32, minor as u32), BlockOp::from_cmd_flags(flags)))
+        Some((
+            mkdev(major as u32, minor as u32),
+            BlockOp::from_cmd_flags(flags),
+        ))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Per-CPU counters of events the kernel side could not record (`pgio_events_dropped_total`).
 use aya_ebpf::{macros::map, maps::PerCpuArray};
-use pgio_common::{Drop, DROP_REASONS};
+use pgio_common::{DROP_REASONS, Drop};
 
 #[map]
 static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_REASONS as u32, 0);

@@ -1,6 +1,6 @@
 //! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event.
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
-use pgio_common::{hist::Bucket, Drop};
+use pgio_common::{Drop, hist::Bucket};
 
 use crate::drops;
 

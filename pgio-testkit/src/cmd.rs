@@ -2,7 +2,7 @@
 
 use std::process::{Command, Output};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// `program arg1 arg2 ...` for messages.
 pub(crate) fn describe(cmd: &Command) -> String {

@@ -1,6 +1,6 @@
 //! Per-device counters from /proc/diskstats (see the kernel's Documentation/admin-guide/iostats.rst).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// One /proc/diskstats line. Discard and flush fields are 0 on kernels that lack them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -16,12 +16,12 @@ pub mod process;
 
 use std::time::{Duration, Instant};
 
-pub use diskstats::{diskstats, DiskStats};
+pub use diskstats::{DiskStats, diskstats};
 pub use ext4::Ext4Mount;
-pub use load::{pgio_load_bin, LoadProcess};
+pub use load::{LoadProcess, pgio_load_bin};
 pub use loopdev::LoopDevice;
-pub use metrics::{scrape, Metrics, Sample};
-pub use postgres::{PgCluster, PgOptions, PG15_BIN_DIR};
+pub use metrics::{Metrics, Sample, scrape};
+pub use postgres::{PG15_BIN_DIR, PgCluster, PgOptions};
 pub use process::{pid_alive, processes_with_cmdline_containing, processes_with_parent};
 pub use tempfile::TempDir;
 
@@ -36,9 +36,13 @@ pub fn require_root(test_name: &str) -> bool {
         return true;
     }
     if std::env::var_os(REQUIRE_ROOT_ENV).is_some() {
-        panic!("{test_name}: needs root for eBPF and loop devices, but {REQUIRE_ROOT_ENV} is set and euid != 0");
+        panic!(
+            "{test_name}: needs root for eBPF and loop devices, but {REQUIRE_ROOT_ENV} is set and euid != 0"
+        );
     }
-    eprintln!("{test_name}: skipped: needs root for eBPF and loop devices (set {REQUIRE_ROOT_ENV} to fail instead)");
+    eprintln!(
+        "{test_name}: skipped: needs root for eBPF and loop devices (set {REQUIRE_ROOT_ENV} to fail instead)"
+    );
     false
 }
 

@@ -7,7 +7,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 
 use crate::cmd;
 
@@ -198,14 +198,14 @@ fn build_pgio_load(profile_dir: &Path) -> Result<()> {
         .to_owned();
     let mut triple = None;
     // target/<triple>/<profile> when cross-compiling with --target.
-    if let Some(name) = target_dir.file_name().and_then(|n| n.to_str()) {
-        if name.contains("-linux-") {
-            triple = Some(name.to_owned());
-            target_dir = target_dir
-                .parent()
-                .context("target dir has no parent")?
-                .to_owned();
-        }
+    if let Some(name) = target_dir.file_name().and_then(|n| n.to_str())
+        && name.contains("-linux-")
+    {
+        triple = Some(name.to_owned());
+        target_dir = target_dir
+            .parent()
+            .context("target dir has no parent")?
+            .to_owned();
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut c = Command::new(cargo);

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 
 /// One sample line: `name{labels} value`.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,10 +68,10 @@ impl Metrics {
             }
             if let Some(comment) = line.strip_prefix('#') {
                 let mut parts = comment.split_whitespace();
-                if parts.next() == Some("TYPE") {
-                    if let (Some(name), Some(ty)) = (parts.next(), parts.next()) {
-                        m.types.insert(name.to_owned(), ty.to_owned());
-                    }
+                if parts.next() == Some("TYPE")
+                    && let (Some(name), Some(ty)) = (parts.next(), parts.next())
+                {
+                    m.types.insert(name.to_owned(), ty.to_owned());
                 }
                 continue;
             }
@@ -399,9 +399,11 @@ up 1
             let (mut conn, _) = listener.accept().unwrap();
             let mut buf = [0u8; 1024];
             let n = conn.read(&mut buf).unwrap();
-            assert!(std::str::from_utf8(&buf[..n])
-                .unwrap()
-                .starts_with("GET /metrics HTTP/1.1\r\n"));
+            assert!(
+                std::str::from_utf8(&buf[..n])
+                    .unwrap()
+                    .starts_with("GET /metrics HTTP/1.1\r\n")
+            );
             let body = "x_total{a=\"1\"} 3\nx_total{a=\"2\"} 4\n";
             write!(
                 conn,

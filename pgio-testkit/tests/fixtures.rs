@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{Result, ensure};
 use pgio_testkit::{
-    diskstats, pgio_load_bin, pid_alive, processes_with_cmdline_containing, require_root, temp_dir,
-    Ext4Mount, LoadProcess, LoopDevice, PgCluster, PgOptions, PG15_BIN_DIR,
+    Ext4Mount, LoadProcess, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, diskstats,
+    pgio_load_bin, pid_alive, processes_with_cmdline_containing, require_root, temp_dir,
 };
 
 const MIB: u64 = 1 << 20;

@@ -9,7 +9,6 @@ use crate::labels::Labels;
 /// What the classifier looks at, read from /proc.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessInfo {
-    pub pid: u32,
     /// `/proc/<pid>/comm` (15 bytes at most).
     pub comm: String,
     /// `/proc/<pid>/cmdline`, arguments joined by single spaces (Postgres overwrites argv with

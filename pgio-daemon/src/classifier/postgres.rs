@@ -12,7 +12,10 @@ const AUX: &[(&str, &str)] = &[
     ("walwriter", "walwriter"),
     ("autovacuum launcher", "autovacuum launcher"),
     ("autovacuum worker", "autovacuum worker"),
-    ("logical replication launcher", "logical replication launcher"),
+    (
+        "logical replication launcher",
+        "logical replication launcher",
+    ),
     ("logical replication", "logical replication worker"),
     ("parallel worker", "parallel worker"),
     ("io worker", "io worker"),
@@ -82,13 +85,13 @@ fn parse_title(title: &str, labels: &mut Labels) {
     // Client backend: `user database host[(port)] [state]`. With update_process_title=off
     // the state is missing; the host field is what tells it from an unknown worker.
     let mut tokens = title.split(' ');
-    if let (Some(user), Some(db), Some(host)) = (tokens.next(), tokens.next(), tokens.next()) {
-        if looks_like_host(host) {
-            labels.role = "client backend".into();
-            labels.user = user.to_owned();
-            labels.database = db.to_owned();
-            return;
-        }
+    if let (Some(user), Some(db), Some(host)) = (tokens.next(), tokens.next(), tokens.next())
+        && looks_like_host(host)
+    {
+        labels.role = "client backend".into();
+        labels.user = user.to_owned();
+        labels.database = db.to_owned();
+        return;
     }
     labels.role = "other".into();
 }
@@ -106,7 +109,6 @@ mod tests {
 
     fn pg(cmdline: &str) -> Labels {
         let p = ProcessInfo {
-            pid: 1,
             comm: "postgres".into(),
             cmdline: cmdline.into(),
             exe: None,
@@ -117,7 +119,9 @@ mod tests {
 
     #[test]
     fn postmaster_keeps_its_command_line() {
-        let l = pg("/usr/lib/postgresql/15/bin/postgres -D /var/lib/postgresql/15/main -c config_file=/etc/postgresql/15/main/postgresql.conf");
+        let l = pg(
+            "/usr/lib/postgresql/15/bin/postgres -D /var/lib/postgresql/15/main -c config_file=/etc/postgresql/15/main/postgresql.conf",
+        );
         assert_eq!(l.role, "postmaster");
         assert_eq!(l.app, "postgres");
     }
@@ -129,16 +133,34 @@ mod tests {
             ("postgres: background writer ", "background writer"),
             ("postgres: walwriter ", "walwriter"),
             ("postgres: autovacuum launcher ", "autovacuum launcher"),
-            ("postgres: logical replication launcher ", "logical replication launcher"),
+            (
+                "postgres: logical replication launcher ",
+                "logical replication launcher",
+            ),
             ("postgres: parallel worker for PID 4242 ", "parallel worker"),
             ("postgres: io worker 1", "io worker"),
             ("postgres: io worker", "io worker"),
-            ("postgres: startup recovering 000000010000000000000003", "startup"),
-            ("postgres: archiver last was 000000010000000000000002", "archiver"),
-            ("postgres: walsender repl 127.0.0.1(5432) streaming 0/3000148", "walsender"),
+            (
+                "postgres: startup recovering 000000010000000000000003",
+                "startup",
+            ),
+            (
+                "postgres: archiver last was 000000010000000000000002",
+                "archiver",
+            ),
+            (
+                "postgres: walsender repl 127.0.0.1(5432) streaming 0/3000148",
+                "walsender",
+            ),
             ("postgres: walreceiver streaming 0/3000148", "walreceiver"),
-            ("postgres: logical replication apply worker for subscription 16394 ", "logical replication worker"),
-            ("postgres: logical replication worker for subscription 16394 ", "logical replication worker"),
+            (
+                "postgres: logical replication apply worker for subscription 16394 ",
+                "logical replication worker",
+            ),
+            (
+                "postgres: logical replication worker for subscription 16394 ",
+                "logical replication worker",
+            ),
         ] {
             assert_eq!(pg(title).role, role, "{title}");
             assert_eq!(pg(title).cluster, "", "{title}");
@@ -158,12 +180,26 @@ mod tests {
     #[test]
     fn client_backends() {
         let l = pg("postgres: alice shop [local] idle");
-        assert_eq!((l.role.as_str(), l.user.as_str(), l.database.as_str()), ("client backend", "alice", "shop"));
+        assert_eq!(
+            (l.role.as_str(), l.user.as_str(), l.database.as_str()),
+            ("client backend", "alice", "shop")
+        );
         let l = pg("postgres: 15/main: bob db1 127.0.0.1(53412) SELECT");
-        assert_eq!((l.role.as_str(), l.user.as_str(), l.database.as_str(), l.cluster.as_str()), ("client backend", "bob", "db1", "15/main"));
+        assert_eq!(
+            (
+                l.role.as_str(),
+                l.user.as_str(),
+                l.database.as_str(),
+                l.cluster.as_str()
+            ),
+            ("client backend", "bob", "db1", "15/main")
+        );
         // update_process_title=off: no state.
         let l = pg("postgres: carol db2 [local]");
-        assert_eq!((l.role.as_str(), l.database.as_str()), ("client backend", "db2"));
+        assert_eq!(
+            (l.role.as_str(), l.database.as_str()),
+            ("client backend", "db2")
+        );
         let l = pg("postgres: dave db3 ::1(40000) idle in transaction");
         assert_eq!(l.role, "client backend");
     }
@@ -171,13 +207,15 @@ mod tests {
     #[test]
     fn unknown_titles_are_other_never_dropped() {
         assert_eq!(pg("postgres: pg_cron launcher ").role, "other");
-        assert_eq!(pg("postgres: TimescaleDB Background Worker Scheduler").role, "other");
+        assert_eq!(
+            pg("postgres: TimescaleDB Background Worker Scheduler").role,
+            "other"
+        );
     }
 
     #[test]
     fn not_postgres() {
         let p = ProcessInfo {
-            pid: 1,
             comm: "bash".into(),
             cmdline: "postgres: fake".into(),
             exe: Some("/bin/bash".into()),

@@ -36,7 +36,6 @@ mod tests {
 
     fn info(comm: &str, cmdline: &str, exe: Option<&str>) -> ProcessInfo {
         ProcessInfo {
-            pid: 7,
             comm: comm.into(),
             cmdline: cmdline.into(),
             exe: exe.map(Into::into),
@@ -53,7 +52,10 @@ mod tests {
             exe: None,
             cmdline: Some(Regex::new("--rw=randread").expect("regex")),
         };
-        assert_eq!(rule.apply(&info("fio", "fio --rw=randread", None)), Some(Labels::app_role("fio", "bench")));
+        assert_eq!(
+            rule.apply(&info("fio", "fio --rw=randread", None)),
+            Some(Labels::app_role("fio", "bench"))
+        );
         assert_eq!(rule.apply(&info("fio", "fio --rw=write", None)), None);
         assert_eq!(rule.apply(&info("fiox", "fio --rw=randread", None)), None);
     }

@@ -80,7 +80,11 @@ impl Daemon {
                 .sum("pgio_tracked_processes", &[("app", app), ("role", role)])
                 >= 1.0
         });
-        assert!(ok, "no process tracked as app={app} role={role}; log:\n{}", self.log_text());
+        assert!(
+            ok,
+            "no process tracked as app={app} role={role}; log:\n{}",
+            self.log_text()
+        );
     }
 
     /// SIGTERM, then wait: the daemon must detach and exit 0 on its own.
@@ -96,7 +100,10 @@ impl Daemon {
         }
         let status = self.child.wait()?;
         if !status.success() {
-            bail!("pgio-daemon exited with {status}; log:\n{}", self.log_text());
+            bail!(
+                "pgio-daemon exited with {status}; log:\n{}",
+                self.log_text()
+            );
         }
         Ok(())
     }

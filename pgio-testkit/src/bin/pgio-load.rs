@@ -15,7 +15,7 @@ use std::io::{BufRead, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 
 const USAGE: &str = "usage:
   pgio-load direct-read <path> <count> <block_size>

@@ -1,0 +1,167 @@
+//! The subcommands.
+
+use std::env;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{describe, fmt_duration, in_ci, is_root, run_quiet, step, target_dir, which};
+use crate::{apt, toolchain};
+
+pub fn setup() -> Result<()> {
+    let started = Instant::now();
+    toolchain::ensure_rust_src()?;
+    let nightly = toolchain::Nightly::detect()?;
+    toolchain::ensure_bpf_linker(&nightly)?;
+    apt::ensure_packages()?;
+    report_tracefs();
+    step(format!("setup done in {}", fmt_duration(started.elapsed())));
+    Ok(())
+}
+
+/// Only reported: pgio-daemon mounts tracefs itself when it is missing.
+fn report_tracefs() {
+    if Path::new("/sys/kernel/tracing/events").is_dir() {
+        step("tracefs is mounted at /sys/kernel/tracing");
+    } else {
+        step("tracefs is not mounted at /sys/kernel/tracing; pgio-daemon mounts it itself");
+    }
+}
+
+/// `cargo <args>` in the workspace root (so rust-toolchain.toml applies).
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root);
+    cmd
+}
+
+/// Announce, run and time one step; a failure names the step.
+fn timed(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    let started = Instant::now();
+    step(name);
+    f().with_context(|| format!("step `{name}` failed"))?;
+    step(format!("{name}: ok ({})", fmt_duration(started.elapsed())));
+    Ok(())
+}
+
+fn cargo_step(root: &Path, args: &[&str]) -> Result<()> {
+    let mut cmd = cargo(root);
+    cmd.args(args);
+    timed(&describe(&cmd), || run_quiet(&mut cmd))
+}
+
+pub fn build(root: &Path, release: bool, skip_setup: bool) -> Result<()> {
+    if skip_setup {
+        step("skipping setup (--skip-setup)");
+    } else {
+        setup().context("step `setup` failed")?;
+    }
+    let mut args = vec!["build", "--package", "pgio-daemon"];
+    if release {
+        args.push("--release");
+    }
+    cargo_step(root, &args)
+}
+
+pub fn run_daemon(root: &Path, skip_setup: bool, args: &[String]) -> Result<()> {
+    build(root, true, skip_setup)?;
+    let bin = daemon_binary(root)?;
+    let mut daemon_args = vec!["run".to_owned()];
+    daemon_args.extend(args.iter().cloned());
+    exec_privileged(root, &bin, &daemon_args)
+}
+
+pub fn check(root: &Path, skip_setup: bool) -> Result<()> {
+    build(root, true, skip_setup)?;
+    let bin = daemon_binary(root)?;
+    exec_privileged(root, &bin, &["check".to_owned()])
+}
+
+pub fn test(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let result = test_steps(root, skip_setup, extra);
+    let elapsed = fmt_duration(started.elapsed());
+    match &result {
+        Ok(()) => step(format!("test: all steps passed; total {elapsed}")),
+        Err(_) => step(format!("test: FAILED; total {elapsed}")),
+    }
+    result
+}
+
+fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
+    if skip_setup {
+        step("skipping setup (--skip-setup)");
+    } else {
+        timed("setup", setup)?;
+    }
+    cargo_step(root, &["fmt", "--all", "--check"])?;
+    // Default members (pgio-ebpf only builds for the BPF target, through aya-build). The eBPF
+    // object is not needed to lint userspace: skip its separate debug-profile build.
+    let mut clippy = cargo(root);
+    clippy
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+        .env("AYA_BUILD_SKIP", "1");
+    timed(&describe(&clippy), || run_quiet(&mut clippy))?;
+
+    let mut cmd = cargo(root);
+    cmd.args(["test", "--release"]).args(extra);
+    const REQUIRE: &str = "PGIO_REQUIRE_ROOT_TESTS";
+    if let Some(v) = env::var_os(REQUIRE) {
+        step(format!(
+            "{REQUIRE}={} (from the environment)",
+            v.to_string_lossy()
+        ));
+    } else if is_root() || in_ci() {
+        step(format!(
+            "{REQUIRE}=1 ({}): root-only integration tests must run, not skip",
+            if is_root() {
+                "running as root"
+            } else {
+                "CI is set"
+            }
+        ));
+        cmd.env(REQUIRE, "1");
+    } else {
+        step(format!(
+            "not root and CI unset: root-only integration tests may skip ({REQUIRE} unset)"
+        ));
+    }
+    timed(&describe(&cmd), || run_quiet(&mut cmd))
+}
+
+fn daemon_binary(root: &Path) -> Result<std::path::PathBuf> {
+    let bin = target_dir(root).join("release").join("pgio-daemon");
+    if !bin.is_file() {
+        bail!("{} is missing after a successful build", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Replace this process with the daemon, as root: directly when root, else through `sudo -E`.
+fn exec_privileged(root: &Path, bin: &Path, args: &[String]) -> Result<()> {
+    let mut cmd = if is_root() {
+        let mut cmd = Command::new(bin);
+        cmd.args(args);
+        cmd
+    } else if let Some(sudo) = which("sudo") {
+        step("not root: going through sudo -E (pgio-daemon loads eBPF programs)");
+        let mut cmd = Command::new(sudo);
+        cmd.arg("-E").arg(bin).args(args);
+        cmd
+    } else {
+        bail!(
+            "pgio-daemon must run as root (or with CAP_BPF + CAP_PERFMON) to load its eBPF \
+             programs, and sudo is not installed: run `cargo xtask` as root, or run {} {} \
+             with those capabilities",
+            bin.display(),
+            args.join(" ")
+        );
+    };
+    cmd.current_dir(root);
+    step(format!("exec {}", describe(&cmd)));
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("cannot exec `{}`", describe(&cmd)))
+}

@@ -1,0 +1,101 @@
+//! `cargo xtask`: sets up the toolchain and drives the build, run and test workflows of pgio.
+//!
+//! Every step prints `xtask: <what it is doing>` (on stderr) before it acts, and every setup step
+//! is idempotent: when the machine is already in the wanted state it only checks and moves on.
+
+mod apt;
+mod commands;
+mod toolchain;
+mod util;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Set up the eBPF toolchain, then build, run and test pgio"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Ensure rust-src (nightly), a bpf-linker matching nightly's LLVM, and the Debian packages
+    /// the tests need (postgresql-15, e2fsprogs, util-linux, procps, curl).
+    Setup,
+    /// Setup, then `cargo build --package pgio-daemon`.
+    Build {
+        /// Build with the release profile.
+        #[arg(long)]
+        release: bool,
+        #[command(flatten)]
+        setup: SetupFlag,
+    },
+    /// Setup, build pgio-daemon (release) and run `pgio-daemon run <ARGS>` as root.
+    Run {
+        #[command(flatten)]
+        setup: SetupFlag,
+        /// Arguments passed to `pgio-daemon run` (after `--`).
+        #[arg(last = true, value_name = "ARGS")]
+        args: Vec<String>,
+    },
+    /// Setup, then cargo fmt --check, cargo clippy -D warnings and cargo test --workspace --release.
+    Test {
+        #[command(flatten)]
+        setup: SetupFlag,
+        /// Extra arguments appended to `cargo test --workspace --release` (after `--`).
+        #[arg(last = true, value_name = "CARGO_TEST_ARGS")]
+        args: Vec<String>,
+    },
+    /// Setup, build pgio-daemon (release) and run `pgio-daemon check` as root.
+    Check {
+        #[command(flatten)]
+        setup: SetupFlag,
+    },
+}
+
+#[derive(Args)]
+struct SetupFlag {
+    /// Do not run the setup step (toolchain and package checks).
+    #[arg(long)]
+    skip_setup: bool,
+}
+
+/// The workspace root: the parent of this crate's manifest directory, independent of the cwd.
+fn workspace_root() -> Result<PathBuf> {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(PathBuf::from)
+        .with_context(|| format!("{} has no parent directory", manifest_dir.display()))
+}
+
+fn real_main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root()?;
+    util::ensure_cargo_bin_on_path()?;
+    match cli.command {
+        Cmd::Setup => commands::setup(),
+        Cmd::Build { release, setup } => commands::build(&root, release, setup.skip_setup),
+        Cmd::Run { setup, args } => commands::run_daemon(&root, setup.skip_setup, &args),
+        Cmd::Test { setup, args } => commands::test(&root, setup.skip_setup, &args),
+        Cmd::Check { setup } => commands::check(&root, setup.skip_setup),
+    }
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
