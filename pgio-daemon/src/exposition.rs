@@ -265,12 +265,13 @@ impl Collector for PgioCollector {
                 .filter(|d| **d != Drop::CompleteUnmatched)
                 .map(|d| ([("reason", d.reason())], dropped(*d))),
         )?;
-        counters(
-            &mut enc,
+        enc.encode_descriptor(
             "pgio_block_io_unmatched_completions",
             "block_rq_complete events with no in-flight request: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), or requests issued before pgio started. Not lost IO.",
-            std::iter::once(([] as [(&str, &str); 0], dropped(Drop::CompleteUnmatched))),
-        )?;
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<NoLabelSet, u64, u64>(&dropped(Drop::CompleteUnmatched), None)?;
         let stats: Vec<(&str, (u64, u64, u64))> = self
             .program_fds
             .iter()

@@ -4,8 +4,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, delta};
-use pgio_testkit::{LoadProcess, LoopDevice, diskstats, pgio_load_bin, require_root, temp_dir};
+use common::{Daemon, delta, snapshot};
+use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, temp_dir};
 
 const READS: u64 = 20_000;
 
@@ -27,11 +27,9 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
     // udev/blkid probe a new loop device: let that finish before the window opens.
     lo.wait_quiet(Duration::from_secs(5));
 
-    let disk_before = diskstats(lo.name()).expect("diskstats");
-    let before = daemon.scrape();
+    let (before, disk_before) = snapshot(&daemon, lo.name());
     assert_eq!(load.expect_run(), READS);
-    let disk_after = diskstats(lo.name()).expect("diskstats");
-    let after = daemon.scrape();
+    let (after, disk_after) = snapshot(&daemon, lo.name());
 
     let device = [("device", lo.name()), ("op", "read")];
     let disk_reads = (disk_after.reads_completed - disk_before.reads_completed) as f64;

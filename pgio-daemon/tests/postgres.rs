@@ -3,11 +3,12 @@
 //! block reads are attributed to client backends.
 mod common;
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
-use common::{Daemon, delta};
+use common::{Daemon, delta, snapshot};
 use pgio_testkit::{
-    Ext4Mount, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, diskstats, require_root, temp_dir,
+    Ext4Mount, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, metrics::http_get, require_root,
+    temp_dir,
 };
 
 #[test]
@@ -38,15 +39,18 @@ fn pgbench_select_reads_are_attributed_to_client_backends() {
     pg.start().expect("start cold");
     daemon.wait_tracked("postgres", "postmaster");
     // Let startup IO settle so the window holds only pgbench's reads.
-    lo.wait_quiet(std::time::Duration::from_secs(10));
+    lo.wait_quiet(Duration::from_secs(10));
 
-    let disk_before = diskstats(lo.name()).expect("diskstats");
-    let before = daemon.scrape();
+    let (before, disk_before) = snapshot(&daemon, lo.name());
     let out = pg
         .pgbench_ok(&["-S", "-T", "10", "-c", "4", "-j", "2", "-n"])
         .expect("pgbench -S");
-    let disk_after = diskstats(lo.name()).expect("diskstats");
-    let after = daemon.scrape();
+    let (after, disk_after) = snapshot(&daemon, lo.name());
+    // For the README's excerpt: PGIO_DUMP_METRICS=<file> keeps this run's /metrics.
+    if let Some(path) = std::env::var_os("PGIO_DUMP_METRICS") {
+        let text = http_get(&format!("{}/metrics", daemon.url), Duration::from_secs(10));
+        std::fs::write(path, text.expect("metrics")).expect("dump metrics");
+    }
     let tps = out
         .lines()
         .find(|l| l.starts_with("tps"))

@@ -12,7 +12,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use pgio_testkit::{Metrics, TempDir, metrics::http_get, scrape, temp_dir, wait_until};
+use pgio_testkit::{
+    DiskStats, Metrics, TempDir, diskstats, metrics::http_get, scrape, temp_dir, wait_until,
+};
 
 pub struct Daemon {
     child: Child,
@@ -136,4 +138,19 @@ fn free_port() -> Result<u16> {
 /// Delta of a summed sample between two scrapes.
 pub fn delta(before: &Metrics, after: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {
     after.sum(name, labels) - before.sum(name, labels)
+}
+
+/// A scrape and the device's /proc/diskstats taken with no request completing in between
+/// (diskstats read before and after the scrape agree), so both sides count the same window.
+pub fn snapshot(daemon: &Daemon, device: &str) -> (Metrics, DiskStats) {
+    for _ in 0..100 {
+        let d1 = diskstats(device).expect("diskstats");
+        let m = daemon.scrape();
+        let d2 = diskstats(device).expect("diskstats");
+        if d1 == d2 {
+            return (m, d2);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{device} never went quiet for the length of a scrape");
 }
