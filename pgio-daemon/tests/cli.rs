@@ -1,0 +1,162 @@
+//! The daemon's command line on bad input: clear errors, right exit codes.
+mod common;
+
+use std::{net::TcpListener, process::Command};
+
+use pgio_testkit::{require_root, temp_dir};
+
+fn daemon() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pgio-daemon"))
+}
+
+#[test]
+fn invalid_config_names_file_line_and_field() {
+    let dir = temp_dir().expect("temp dir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:0\"\n\n[[rule]]\napp = \"x\"\ncomm = \"(\"\n",
+    )
+    .expect("write config");
+    let out = daemon()
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run daemon");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:5: invalid regex", path.display())),
+        "{stderr}"
+    );
+
+    std::fs::write(&path, "bpf_stats = true\nlisten_addr = \"x\"\n").expect("write config");
+    let out = daemon()
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:2: unknown field `listen_addr`",
+            path.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn port_in_use_is_named() {
+    if !require_root("port_in_use_is_named") {
+        return;
+    }
+    let busy = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = busy.local_addr().expect("addr");
+    let out = daemon()
+        .args(["run", "--listen", &addr.to_string()])
+        .output()
+        .expect("run daemon");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Address in use") || stderr.contains("in use"),
+        "{stderr}"
+    );
+}
+
+/// As an unprivileged user, `check` and `run` fail and name the missing capabilities.
+#[test]
+fn unprivileged_user_is_told_which_capability_is_missing() {
+    if !require_root("unprivileged_user_is_told_which_capability_is_missing") {
+        return;
+    }
+    // The binary lives under root's target dir: copy it where `nobody` can execute it.
+    let dir = temp_dir().expect("temp dir");
+    let bin = dir.path().join("pgio-daemon");
+    std::fs::copy(env!("CARGO_BIN_EXE_pgio-daemon"), &bin).expect("copy binary");
+    let as_nobody = |args: &[&str]| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&bin)
+            .args(args)
+            .output()
+            .expect("runuser")
+    };
+    let out = as_nobody(&["check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL CAP_BPF missing"), "{stdout}");
+    assert!(stdout.contains("FAIL CAP_PERFMON missing"), "{stdout}");
+    assert!(
+        stdout.contains("pgio cannot run on this node; missing: CAP_BPF"),
+        "{stdout}"
+    );
+
+    let out = as_nobody(&["run", "--listen", "127.0.0.1:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("insufficient privileges: CAP_BPF missing"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_passes_as_root_here() {
+    if !require_root("check_passes_as_root_here") {
+        return;
+    }
+    let out = daemon().arg("check").output().expect("check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for tp in [
+        "tp_btf/block_rq_complete",
+        "tracepoint/syscalls/sys_enter_pread64",
+        "tracepoint/sched/sched_process_exec",
+    ] {
+        assert!(stdout.contains(&format!("ok   {tp}")), "{tp}: {stdout}");
+    }
+}
+
+/// Prometheus text by default, OpenMetrics when the Accept header asks for it.
+#[test]
+fn content_negotiation() {
+    if !require_root("content_negotiation") {
+        return;
+    }
+    let d = common::Daemon::start(&[]).expect("daemon");
+    let curl = |accept: Option<&str>| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-i"]);
+        if let Some(a) = accept {
+            c.args(["-H", &format!("Accept: {a}")]);
+        }
+        let out = c.arg(format!("{}/metrics", d.url)).output().expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let plain = curl(None);
+    assert!(
+        plain.contains("content-type: text/plain; version=0.0.4"),
+        "{}",
+        &plain[..300.min(plain.len())]
+    );
+    assert!(plain.contains("# TYPE pgio_block_io_requests_total counter"));
+    assert!(!plain.contains("# EOF"));
+    let om = curl(Some(
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    ));
+    assert!(
+        om.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{}",
+        &om[..300.min(om.len())]
+    );
+    assert!(om.contains("# TYPE pgio_block_io_requests counter"));
+    assert!(om.trim_end().ends_with("# EOF"));
+    d.stop().expect("clean exit");
+}
