@@ -13,8 +13,9 @@ pub mod syscall;
 /// Series id of anything pgio does not track (block IO of untracked submitters).
 pub const SERIES_UNTRACKED: u32 = 0;
 
-/// Capacity of the `tgid → series` map: tracked processes at once.
-pub const MAX_TRACKED: u32 = 65_536;
+/// Size of the `tgid → series` array as compiled: the kernel's PID_MAX_LIMIT (2^22). The
+/// loader shrinks it to this node's `/proc/sys/kernel/pid_max`.
+pub const PID_MAX_LIMIT: u32 = 1 << 22;
 
 /// Counters of events the kernel side could not record, indexed by [`Drop`].
 #[repr(u32)]

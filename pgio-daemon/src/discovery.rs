@@ -10,8 +10,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
-use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind};
+use aya::maps::{Array, MapData, RingBuf};
+use pgio_common::{
+    SERIES_UNTRACKED,
+    lifecycle::{LifecycleEvent, LifecycleKind},
+};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     time::{Instant, sleep_until},
@@ -20,6 +23,7 @@ use tracing::{debug, warn};
 
 use crate::{
     classifier::{Classifier, ProcessInfo},
+    labels::Labels,
     series::SeriesRegistry,
 };
 
@@ -63,10 +67,24 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
     })
 }
 
+/// Reads and classifies every process in /proc (the start-up scan, and the periodic rescan).
+pub fn classify_all(classifier: &Classifier) -> Result<Vec<(u32, Option<Labels>)>> {
+    let mut out = Vec::new();
+    for p in procfs::process::all_processes().context("listing /proc")? {
+        let Ok(p) = p else { continue };
+        let pid = p.pid as u32;
+        out.push((
+            pid,
+            read_process(pid).and_then(|info| classifier.classify(&info)),
+        ));
+    }
+    Ok(out)
+}
+
 pub struct Discovery {
     classifier: Classifier,
     shared: SharedTracked,
-    kernel_map: BpfHashMap<MapData, u32, u32>,
+    kernel_map: Array<MapData, u32>,
     pending: BinaryHeap<Reverse<(Instant, u32, usize)>>,
     self_pid: u32,
 }
@@ -75,7 +93,7 @@ impl Discovery {
     pub fn new(
         classifier: Classifier,
         shared: SharedTracked,
-        kernel_map: BpfHashMap<MapData, u32, u32>,
+        kernel_map: Array<MapData, u32>,
     ) -> Discovery {
         Discovery {
             classifier,
@@ -88,12 +106,17 @@ impl Discovery {
 
     /// Classifies every process in /proc and forgets tracked ones that are gone.
     pub fn scan_all(&mut self) -> Result<()> {
-        let mut seen = Vec::new();
-        for p in procfs::process::all_processes().context("listing /proc")? {
-            let Ok(p) = p else { continue };
-            let pid = p.pid as u32;
+        let classified = classify_all(&self.classifier)?;
+        let mut seen = Vec::with_capacity(classified.len());
+        for (pid, labels) in classified {
             seen.push(pid);
-            self.classify_now(pid);
+            if pid == self.self_pid {
+                continue;
+            }
+            match labels {
+                Some(labels) => self.track(pid, labels),
+                None => self.untrack(pid),
+            }
         }
         seen.sort_unstable();
         let gone: Vec<u32> = lock(&self.shared)
@@ -124,24 +147,24 @@ impl Discovery {
         }
     }
 
-    fn track(&mut self, pid: u32, labels: crate::labels::Labels) {
+    fn track(&mut self, pid: u32, labels: Labels) {
         let mut shared = lock(&self.shared);
         let id = shared.registry.intern(labels);
         if shared.pids.get(&pid) == Some(&id) {
             return;
         }
-        match self.kernel_map.insert(pid, id, 0) {
+        match self.kernel_map.set(pid, id, 0) {
             Ok(()) => {
                 shared.pids.insert(pid, id);
             }
-            Err(e) => warn!(pid, error = %e, "cannot track process (tracked map full?)"),
+            Err(e) => warn!(pid, error = %e, "cannot track process (pid above pid_max?)"),
         }
     }
 
     fn untrack(&mut self, pid: u32) {
         if lock(&self.shared).pids.remove(&pid).is_some() {
-            // Already gone when the kernel removed it at exit.
-            let _ = self.kernel_map.remove(&pid);
+            // Already cleared when the kernel saw the exit.
+            let _ = self.kernel_map.set(pid, SERIES_UNTRACKED, 0);
         }
     }
 

@@ -10,7 +10,7 @@ use std::{
 
 use aya::maps::{MapData, PerCpuArray};
 use pgio_common::{
-    Drop,
+    DROP_REASONS, Drop,
     block_io::{BlockOp, dev_major, dev_minor},
     syscall::{Cache, Syscall},
 };
@@ -23,13 +23,13 @@ use prometheus_client::{
 use tracing::warn;
 
 use crate::{
-    block_io::BlockIoReader,
+    block_io::{BlockIoReader, BlockIoSnapshot},
     devices::DeviceNames,
-    discovery::{SharedTracked, lock},
+    discovery::{SharedTracked, Tracked, lock},
     hist::Log2Hist,
     labels::{Labels, WithLabels},
     probes::ProbeStatus,
-    syscall::SyscallReader,
+    syscall::{SyscallId, SyscallReader},
 };
 
 pub struct PgioCollector {
@@ -118,8 +118,20 @@ fn program_stats(fd: RawFd) -> Option<(u64, u64, u64)> {
     ))
 }
 
-impl Collector for PgioCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+/// Everything one scrape reads from the kernel, before labels are attached.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub block: BlockIoSnapshot,
+    pub syscalls: BTreeMap<SyscallId, Log2Hist>,
+    pub dev_names: BTreeMap<u32, String>,
+    pub probes: Vec<ProbeStatus>,
+    pub drops: [u64; DROP_REASONS],
+    /// (program, (run_time_ns, run_cnt, recursion_misses))
+    pub programs: Vec<(String, (u64, u64, u64))>,
+}
+
+impl PgioCollector {
+    pub fn snapshot(&self) -> Snapshot {
         let block = self.block_io.read().unwrap_or_else(|e| {
             warn!(error = format!("{e:#}"), "reading block IO map");
             Default::default()
@@ -128,188 +140,217 @@ impl Collector for PgioCollector {
             warn!(error = format!("{e:#}"), "reading syscall map");
             BTreeMap::new()
         });
-        let tracked = lock(&self.tracked);
-        let other = Labels::app_role("other", "");
-        let series = |id: u32| tracked.registry.labels(id).unwrap_or(&other);
-
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        let mut dev_names: BTreeMap<u32, String> = BTreeMap::new();
+        let mut dev_names = BTreeMap::new();
         for (_, dev, _) in block.device.keys().chain(block.queue.keys()) {
             dev_names.entry(*dev).or_insert_with(|| devices.name(*dev));
         }
         drop(devices);
-        let block_labels = |(s, dev, op): &(u32, u32, u8)| WithLabels {
-            series: series(*s),
-            extra: [
-                (
-                    "device",
-                    dev_names.get(dev).map(String::as_str).unwrap_or(""),
-                ),
-                ("op", BlockOp::from_u8(*op).name()),
-            ],
-        };
-
-        histograms(
-            &mut enc,
-            "pgio_block_io_device_seconds",
-            HELP_DEVICE,
-            block.device.iter().map(|(id, h)| (block_labels(id), h)),
-        )?;
-        histograms(
-            &mut enc,
-            "pgio_block_io_queue_seconds",
-            HELP_QUEUE,
-            block.queue.iter().map(|(id, h)| (block_labels(id), h)),
-        )?;
-        counters(
-            &mut enc,
-            "pgio_block_io_requests",
-            HELP_REQUESTS,
-            block
-                .device
-                .iter()
-                .map(|(id, h)| (block_labels(id), h.count())),
-        )?;
-        counters(
-            &mut enc,
-            "pgio_block_io_bytes",
-            HELP_BYTES,
-            block
-                .device
-                .iter()
-                .map(|(id, h)| (block_labels(id), h.bytes)),
-        )?;
-
-        let syscall_labels = |(s, sc, cache): &(u32, u8, u8)| WithLabels {
-            series: series(*s),
-            extra: [
-                (
-                    "syscall",
-                    Syscall::from_u8(*sc)
-                        .map(Syscall::name)
-                        .unwrap_or("unknown"),
-                ),
-                ("cache", Cache::from_u8(*cache).label()),
-            ],
-        };
-        let is_futex = |sc: u8| {
-            matches!(
-                Syscall::from_u8(sc),
-                Some(Syscall::Futex | Syscall::FutexWaitv)
-            )
-        };
-        histograms(
-            &mut enc,
-            "pgio_syscall_seconds",
-            HELP_SYSCALL,
-            syscalls
-                .iter()
-                .filter(|(id, _)| !is_futex(id.1))
-                .map(|(id, h)| (syscall_labels(id), h)),
-        )?;
-        histograms(
-            &mut enc,
-            "pgio_futex_wait_seconds",
-            HELP_FUTEX,
-            syscalls
-                .iter()
-                .filter(|(id, _)| is_futex(id.1))
-                .map(|(id, h)| (syscall_labels(id), h)),
-        )?;
-
-        let mut per_series: BTreeMap<u32, i64> = BTreeMap::new();
-        for id in tracked.pids.values() {
-            *per_series.entry(*id).or_default() += 1;
-        }
-        gauges(
-            &mut enc,
-            "pgio_tracked_processes",
-            "Processes pgio tracks now, by series.",
-            per_series.iter().map(|(id, n)| (series(*id), *n)),
-        )?;
-        gauges(
-            &mut enc,
-            "pgio_device_info",
-            "Block devices seen by pgio: name and kernel major:minor (value is always 1).",
-            dev_names.iter().map(|(dev, name)| {
-                let major = dev_major(*dev).to_string();
-                let minor = dev_minor(*dev).to_string();
-                (
-                    [("device", name.clone()), ("major", major), ("minor", minor)],
-                    1,
-                )
-            }),
-        )?;
-        drop(tracked);
-
-        gauges(
-            &mut enc,
-            "pgio_probe_attached",
-            "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
-            self.probes
-                .iter()
-                .map(|p| ([("program", p.program.as_str())], p.attached as i64)),
-        )?;
-        let dropped = |d: Drop| {
-            self.drops
+        let mut drops = [0; DROP_REASONS];
+        for d in Drop::ALL {
+            drops[d as usize] = self
+                .drops
                 .get(&(d as u32), 0)
                 .map(|v| v.iter().sum::<u64>())
-                .unwrap_or(0)
-        };
-        counters(
-            &mut enc,
-            "pgio_events_dropped",
-            "Kernel events pgio could not record, by reason.",
-            Drop::ALL
-                .iter()
-                .filter(|d| **d != Drop::CompleteUnmatched)
-                .map(|d| ([("reason", d.reason())], dropped(*d))),
-        )?;
-        enc.encode_descriptor(
-            "pgio_block_io_unmatched_completions",
-            "block_rq_complete events with no in-flight request: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), or requests issued before pgio started. Not lost IO.",
-            None,
-            MetricType::Counter,
-        )?
-        .encode_counter::<NoLabelSet, u64, u64>(&dropped(Drop::CompleteUnmatched), None)?;
-        let stats: Vec<(&str, (u64, u64, u64))> = self
+                .unwrap_or(0);
+        }
+        let programs = self
             .program_fds
             .iter()
-            .filter_map(|(name, fd)| Some((name.as_str(), program_stats(*fd)?)))
+            .filter_map(|(name, fd)| Some((name.clone(), program_stats(*fd)?)))
             .collect();
-        let mut m = enc.encode_descriptor(
-            "pgio_bpf_program_run_seconds",
-            "CPU time spent in each eBPF program (needs bpf_stats = true in the config, else 0).",
-            None,
-            MetricType::Counter,
-        )?;
-        for (name, (ns, _, _)) in &stats {
-            m.encode_family(&[("program", *name)])?
-                .encode_counter::<NoLabelSet, f64, f64>(&(*ns as f64 * 1e-9), None)?;
+        Snapshot {
+            block,
+            syscalls,
+            dev_names,
+            probes: self.probes.clone(),
+            drops,
+            programs,
         }
-        counters(
-            &mut enc,
-            "pgio_bpf_program_runs",
-            "Runs of each eBPF program (needs bpf_stats = true in the config, else 0).",
-            stats
-                .iter()
-                .map(|(name, (_, n, _))| ([("program", *name)], *n)),
-        )?;
-        counters(
-            &mut enc,
-            "pgio_bpf_recursion_misses",
-            "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
-            stats
-                .iter()
-                .map(|(name, (_, _, r))| ([("program", *name)], *r)),
-        )?;
-        gauges(
-            &mut enc,
-            "pgio_build_info",
-            "pgio version (value is always 1).",
-            std::iter::once(([("version", env!("CARGO_PKG_VERSION"))], 1)),
-        )
     }
+}
+
+impl Collector for PgioCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
+        let snap = self.snapshot();
+        encode_snapshot(&snap, &lock(&self.tracked), enc)
+    }
+}
+
+/// Labels the snapshot with the series registry and encodes every pgio metric family.
+pub fn encode_snapshot(
+    snap: &Snapshot,
+    tracked: &Tracked,
+    mut enc: DescriptorEncoder,
+) -> fmt::Result {
+    let (block, syscalls, dev_names) = (&snap.block, &snap.syscalls, &snap.dev_names);
+    let other = Labels::app_role("other", "");
+    let series = |id: u32| tracked.registry.labels(id).unwrap_or(&other);
+    let block_labels = |(s, dev, op): &(u32, u32, u8)| WithLabels {
+        series: series(*s),
+        extra: [
+            (
+                "device",
+                dev_names.get(dev).map(String::as_str).unwrap_or(""),
+            ),
+            ("op", BlockOp::from_u8(*op).name()),
+        ],
+    };
+
+    histograms(
+        &mut enc,
+        "pgio_block_io_device_seconds",
+        HELP_DEVICE,
+        block.device.iter().map(|(id, h)| (block_labels(id), h)),
+    )?;
+    histograms(
+        &mut enc,
+        "pgio_block_io_queue_seconds",
+        HELP_QUEUE,
+        block.queue.iter().map(|(id, h)| (block_labels(id), h)),
+    )?;
+    counters(
+        &mut enc,
+        "pgio_block_io_requests",
+        HELP_REQUESTS,
+        block
+            .device
+            .iter()
+            .map(|(id, h)| (block_labels(id), h.count())),
+    )?;
+    counters(
+        &mut enc,
+        "pgio_block_io_bytes",
+        HELP_BYTES,
+        block
+            .device
+            .iter()
+            .map(|(id, h)| (block_labels(id), h.bytes)),
+    )?;
+
+    let syscall_labels = |(s, sc, cache): &(u32, u8, u8)| WithLabels {
+        series: series(*s),
+        extra: [
+            (
+                "syscall",
+                Syscall::from_u8(*sc)
+                    .map(Syscall::name)
+                    .unwrap_or("unknown"),
+            ),
+            ("cache", Cache::from_u8(*cache).label()),
+        ],
+    };
+    let is_futex = |sc: u8| {
+        matches!(
+            Syscall::from_u8(sc),
+            Some(Syscall::Futex | Syscall::FutexWaitv)
+        )
+    };
+    histograms(
+        &mut enc,
+        "pgio_syscall_seconds",
+        HELP_SYSCALL,
+        syscalls
+            .iter()
+            .filter(|(id, _)| !is_futex(id.1))
+            .map(|(id, h)| (syscall_labels(id), h)),
+    )?;
+    histograms(
+        &mut enc,
+        "pgio_futex_wait_seconds",
+        HELP_FUTEX,
+        syscalls
+            .iter()
+            .filter(|(id, _)| is_futex(id.1))
+            .map(|(id, h)| (syscall_labels(id), h)),
+    )?;
+
+    let mut per_series: BTreeMap<u32, i64> = BTreeMap::new();
+    for id in tracked.pids.values() {
+        *per_series.entry(*id).or_default() += 1;
+    }
+    gauges(
+        &mut enc,
+        "pgio_tracked_processes",
+        "Processes pgio tracks now, by series.",
+        per_series.iter().map(|(id, n)| (series(*id), *n)),
+    )?;
+    gauges(
+        &mut enc,
+        "pgio_device_info",
+        "Block devices seen by pgio: name and kernel major:minor (value is always 1).",
+        dev_names.iter().map(|(dev, name)| {
+            let major = dev_major(*dev).to_string();
+            let minor = dev_minor(*dev).to_string();
+            (
+                [("device", name.clone()), ("major", major), ("minor", minor)],
+                1,
+            )
+        }),
+    )?;
+
+    gauges(
+        &mut enc,
+        "pgio_probe_attached",
+        "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
+        snap.probes
+            .iter()
+            .map(|p| ([("program", p.program.as_str())], p.attached as i64)),
+    )?;
+    let dropped = |d: Drop| snap.drops[d as usize];
+    counters(
+        &mut enc,
+        "pgio_events_dropped",
+        "Kernel events pgio could not record, by reason.",
+        Drop::ALL
+            .iter()
+            .filter(|d| **d != Drop::CompleteUnmatched)
+            .map(|d| ([("reason", d.reason())], dropped(*d))),
+    )?;
+    enc.encode_descriptor(
+        "pgio_block_io_unmatched_completions",
+        "block_rq_complete events with no in-flight request: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), or requests issued before pgio started. Not lost IO.",
+        None,
+        MetricType::Counter,
+    )?
+    .encode_counter::<NoLabelSet, u64, u64>(&dropped(Drop::CompleteUnmatched), None)?;
+    let stats: Vec<(&str, (u64, u64, u64))> = snap
+        .programs
+        .iter()
+        .map(|(n, s)| (n.as_str(), *s))
+        .collect();
+    let mut m = enc.encode_descriptor(
+        "pgio_bpf_program_run_seconds",
+        "CPU time spent in each eBPF program (needs bpf_stats = true in the config, else 0).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (name, (ns, _, _)) in &stats {
+        m.encode_family(&[("program", *name)])?
+            .encode_counter::<NoLabelSet, f64, f64>(&(*ns as f64 * 1e-9), None)?;
+    }
+    counters(
+        &mut enc,
+        "pgio_bpf_program_runs",
+        "Runs of each eBPF program (needs bpf_stats = true in the config, else 0).",
+        stats
+            .iter()
+            .map(|(name, (_, n, _))| ([("program", *name)], *n)),
+    )?;
+    counters(
+        &mut enc,
+        "pgio_bpf_recursion_misses",
+        "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
+        stats
+            .iter()
+            .map(|(name, (_, _, r))| ([("program", *name)], *r)),
+    )?;
+    gauges(
+        &mut enc,
+        "pgio_build_info",
+        "pgio version (value is always 1).",
+        std::iter::once(([("version", env!("CARGO_PKG_VERSION"))], 1)),
+    )
 }
 
 pub fn registry(collector: PgioCollector) -> Registry {
@@ -330,22 +371,21 @@ pub fn openmetrics(registry: &Registry) -> Result<String, fmt::Error> {
 /// sample line can start with `#`.
 pub fn prometheus_text(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
-    let mut counters: Vec<&str> = Vec::new();
-    for line in openmetrics.lines() {
+    let mut lines = openmetrics.lines().peekable();
+    while let Some(line) = lines.next() {
         if line == "# EOF" || line.starts_with("# UNIT ") {
             continue;
         }
-        if let Some(rest) = line.strip_prefix("# TYPE ")
-            && let Some(name) = rest.strip_suffix(" counter")
-        {
-            counters.push(name);
-            let _ = writeln!(out, "# TYPE {name}_total counter");
-            continue;
-        }
+        // prometheus-client writes `# HELP x`, then `# TYPE x <type>`.
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let name = rest.split(' ').next().unwrap_or_default();
-            if is_counter(openmetrics, name) {
+            let counter = lines.peek().is_some_and(|next| {
+                next.strip_prefix("# TYPE ") == Some(&format!("{name} counter"))
+            });
+            if counter {
                 let _ = writeln!(out, "# HELP {name}_total{}", &rest[name.len()..]);
+                let _ = writeln!(out, "# TYPE {name}_total counter");
+                lines.next();
                 continue;
             }
         }
@@ -353,10 +393,6 @@ pub fn prometheus_text(openmetrics: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-fn is_counter(text: &str, name: &str) -> bool {
-    text.contains(&format!("# TYPE {name} counter\n"))
 }
 
 #[cfg(test)]

@@ -1,23 +1,4 @@
 //! pgio-daemon: per-node eBPF view of where PostgreSQL query time goes on the IO path.
-//!
-//! Data path: probes (pgio-ebpf) → kernel maps → collector (`exposition`) → `/metrics`;
-//! `discovery` keeps the kernel's `tgid → series` map current.
-mod block_io;
-mod check;
-mod classifier;
-mod config;
-mod devices;
-mod discovery;
-mod exposition;
-mod hist;
-mod http;
-mod kernel_offsets;
-mod labels;
-mod probes;
-mod series;
-mod syscall;
-mod tracefs;
-
 use std::{
     os::fd::{AsFd, AsRawFd},
     path::PathBuf,
@@ -26,15 +7,17 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow};
-use aya::maps::{HashMap as BpfHashMap, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{Array, PerCpuArray, PerCpuHashMap, RingBuf};
 use clap::{Parser, Subcommand};
 use tracing::{error, info};
 
-use crate::{
+use pgio_daemon::{
+    block_io, check,
     classifier::Classifier,
     config::Config,
-    discovery::{Discovery, SharedTracked},
-    exposition::PgioCollector,
+    discovery::{self, Discovery, SharedTracked},
+    exposition::{self, PgioCollector},
+    http, probes, syscall, tracefs,
 };
 
 #[derive(Parser)]
@@ -63,12 +46,22 @@ enum Command {
     },
     /// Report BTF, tracefs, each tracepoint and privileges; exit 1 naming what is missing.
     Check,
+    /// Benchmark fixture: attach empty programs to sys_{enter,exit}_pread64 until SIGTERM.
+    #[command(hide = true)]
+    Floor,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check => run_check(),
+        Command::Floor => match run_floor() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("pgio-daemon floor: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run {
             listen,
             config,
@@ -140,6 +133,18 @@ fn run_check() -> ExitCode {
     }
 }
 
+fn run_floor() -> Result<()> {
+    require_privileges()?;
+    tracefs::ensure_mounted()?;
+    let _ebpf = probes::load_floor()?;
+    println!("ready");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(shutdown_signal());
+    Ok(())
+}
+
 fn require_privileges() -> Result<()> {
     let missing: Vec<String> = check::run_checks()
         .into_iter()
@@ -190,7 +195,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         ebpf.take_map(name)
             .with_context(|| format!("map {name} missing from the eBPF object"))
     };
-    let tracked_map: BpfHashMap<_, u32, u32> = take(ebpf, "TRACKED")?.try_into()?;
+    let tracked_map: Array<_, u32> = take(ebpf, "TRACKED")?.try_into()?;
     let ring: RingBuf<_> = take(ebpf, "LIFECYCLE")?.try_into()?;
     let block_hist: PerCpuHashMap<_, _, _> = take(ebpf, "BLOCK_IO_HIST")?.try_into()?;
     let syscall_hist: PerCpuHashMap<_, _, _> = take(ebpf, "SYSCALL_HIST")?.try_into()?;

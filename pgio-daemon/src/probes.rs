@@ -6,7 +6,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
     programs::{BtfTracePoint, TracePoint},
 };
-use pgio_common::syscall::Syscall;
+use pgio_common::{block_io::KernelOffsets, syscall::Syscall};
 use tracing::{info, warn};
 
 use crate::kernel_offsets;
@@ -59,19 +59,51 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
 }
 
-pub fn load_and_attach() -> Result<Probes> {
+fn require_object() -> Result<()> {
     if OBJECT.is_empty() {
         bail!(
             "this pgio-daemon was built without its eBPF object (AYA_BUILD_SKIP was set); \
              rebuild with `cargo xtask build`"
         );
     }
+    Ok(())
+}
+
+/// Benchmark floor: only the empty `floor_sys_{enter,exit}_pread64` programs, attached to
+/// the same tracepoints pgio uses for pread64.
+pub fn load_floor() -> Result<Ebpf> {
+    require_object()?;
+    let mut ebpf = load(&KernelOffsets::default())?;
+    for dir in ["enter", "exit"] {
+        let name = format!("floor_sys_{dir}_pread64");
+        let p: &mut TracePoint = ebpf
+            .program_mut(&name)
+            .with_context(|| format!("program {name} missing"))?
+            .try_into()?;
+        p.load()?;
+        p.attach("syscalls", &format!("sys_{dir}_pread64"))?;
+    }
+    Ok(ebpf)
+}
+
+/// Creates the maps and reads the programs (each program is loaded into the kernel when it
+/// is attached).
+fn load(offsets: &KernelOffsets) -> Result<Ebpf> {
+    EbpfLoader::new()
+        // SYSCALL_START is a task storage map: aya 0.14 creates it but has no userspace type
+        // for it (userspace never reads it).
+        .allow_unsupported_maps()
+        .override_global("KERNEL_OFFSETS", offsets, true)
+        .map_max_entries("TRACKED", pid_max())
+        .load(OBJECT)
+        .context("loading the eBPF object")
+}
+
+pub fn load_and_attach() -> Result<Probes> {
+    require_object()?;
     let offsets =
         kernel_offsets::from_vmlinux().context("reading struct offsets from kernel BTF")?;
-    let mut ebpf = EbpfLoader::new()
-        .override_global("KERNEL_OFFSETS", &offsets, true)
-        .load(OBJECT)
-        .context("loading the eBPF object")?;
+    let mut ebpf = load(&offsets)?;
     let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status = Vec::new();
     for (name, attach) in programs() {
@@ -86,6 +118,15 @@ pub fn load_and_attach() -> Result<Probes> {
         });
     }
     Ok(Probes { ebpf, status })
+}
+
+/// `/proc/sys/kernel/pid_max`: the tgid-indexed `TRACKED` array needs one slot per pid.
+fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(pgio_common::PID_MAX_LIMIT)
+        .min(pgio_common::PID_MAX_LIMIT)
 }
 
 fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &str, attach: Attach) -> Result<()> {

@@ -137,7 +137,10 @@ fn content_negotiation() {
         if let Some(a) = accept {
             c.args(["-H", &format!("Accept: {a}")]);
         }
-        let out = c.arg(format!("{}/metrics", d.url)).output().expect("curl");
+        let out = c
+            .arg(format!("{}/metrics", d.url()))
+            .output()
+            .expect("curl");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let plain = curl(None);

@@ -48,7 +48,10 @@ fn pgbench_select_reads_are_attributed_to_client_backends() {
     let (after, disk_after) = snapshot(&daemon, lo.name());
     // For the README's excerpt: PGIO_DUMP_METRICS=<file> keeps this run's /metrics.
     if let Some(path) = std::env::var_os("PGIO_DUMP_METRICS") {
-        let text = http_get(&format!("{}/metrics", daemon.url), Duration::from_secs(10));
+        let text = http_get(
+            &format!("{}/metrics", daemon.url()),
+            Duration::from_secs(10),
+        );
         std::fs::write(path, text.expect("metrics")).expect("dump metrics");
     }
     let tps = out

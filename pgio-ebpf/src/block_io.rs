@@ -66,11 +66,10 @@ fn start(rq: u64, series: u32) -> Option<*mut BlockIoInflight> {
 #[btf_tracepoint(function = "block_io_start")]
 pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let series = tracked::series_of((pid_tgid >> 32) as u32).unwrap_or(SERIES_UNTRACKED);
+    let series = current_series();
     let _ = start(rq, series);
     if series != SERIES_UNTRACKED {
-        syscall::mark_block_io(pid_tgid as u32);
+        syscall::mark_block_io();
     }
     0
 }

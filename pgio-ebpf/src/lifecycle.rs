@@ -7,11 +7,11 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use pgio_common::{
-    Drop,
+    Drop, SERIES_UNTRACKED,
     lifecycle::{LifecycleEvent, LifecycleKind},
 };
 
-use crate::{block_io::offsets, drops, syscall::SYSCALL_START, tracked};
+use crate::{block_io::offsets, drops, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -52,9 +52,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     if pid != tgid {
         return 0; // a new thread: it is looked up by its tgid already
     }
-    if tracked::TRACKED.insert(&(tgid as u32), &series, 0).is_err() {
-        return 0;
-    }
+    tracked::set(tgid as u32, series);
     emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
     0
 }
@@ -71,15 +69,13 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
 pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    // A thread killed inside a timed syscall never reaches its sys_exit.
-    let _ = SYSCALL_START.remove(&tid);
     if tid != tgid {
         return 0;
     }
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
-    let _ = tracked::TRACKED.remove(&tgid);
+    tracked::set(tgid, SERIES_UNTRACKED);
     emit(LifecycleKind::Exit, tgid, 0, series);
     0
 }

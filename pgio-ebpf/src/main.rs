@@ -6,9 +6,11 @@
 
 mod block_io;
 mod drops;
+mod floor;
 mod hist;
 mod lifecycle;
 mod syscall;
+mod task_storage;
 mod tracked;
 
 #[cfg(not(test))]

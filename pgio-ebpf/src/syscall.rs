@@ -2,8 +2,8 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
-    maps::{HashMap, PerCpuHashMap},
+    macros::{btf_map, map, tracepoint},
+    maps::PerCpuHashMap,
     programs::TracePointContext,
 };
 use pgio_common::{
@@ -12,11 +12,11 @@ use pgio_common::{
     syscall::{Cache, Syscall, SyscallKey, SyscallStart, futex_op_waits},
 };
 
-use crate::{drops, hist, tracked};
+use crate::{drops, hist, task_storage::TaskStorage, tracked};
 
-/// Threads inside a timed syscall, keyed by tid.
-#[map]
-pub static SYSCALL_START: HashMap<u32, SyscallStart> = HashMap::with_max_entries(32_768, 0);
+/// Per-thread syscall start, in the thread's own task storage.
+#[btf_map]
+static SYSCALL_START: TaskStorage<SyscallStart> = TaskStorage::new();
 
 #[map]
 static SYSCALL_HIST: PerCpuHashMap<SyscallKey, Bucket> = PerCpuHashMap::with_max_entries(65_536, 0);
@@ -25,6 +25,8 @@ static SYSCALL_HIST: PerCpuHashMap<SyscallKey, Bucket> = PerCpuHashMap::with_max
 /// `sys_enter_futex` record.
 const FUTEX_OP_OFFSET: usize = 24;
 
+/// Values live as long as their thread and are rewritten in place. `start_ns == 0`: the
+/// thread is outside any timed syscall.
 #[inline(always)]
 fn enter(sc: Syscall) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -38,21 +40,31 @@ fn enter(sc: Syscall) -> u32 {
         block_io: 0,
         _pad: 0,
     };
-    if SYSCALL_START.insert(&(pid_tgid as u32), &start, 0).is_err() {
-        drops::count(Drop::SyscallStartFull);
+    match SYSCALL_START.current_or_zeroed() {
+        // SAFETY: this thread's own storage; nothing else writes it while the thread runs
+        // here but `block_io_start` of this same thread, which runs after this returns.
+        Some(s) => unsafe { *s = start },
+        None => drops::count(Drop::SyscallStartFull),
     }
     0
 }
 
 #[inline(always)]
 fn exit(sc: Syscall) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(s) = SYSCALL_START.get_ptr(&tid) else {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // Untracked processes return here, before any hash lookup.
+    if tracked::series_of((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    let Some(p) = SYSCALL_START.current() else {
         return 0;
     };
-    // SAFETY: copied out before the entry is removed.
-    let s = unsafe { *s };
-    let _ = SYSCALL_START.remove(&tid);
+    // SAFETY: this thread's own entry (see `enter`).
+    let s = unsafe { *p };
+    if s.start_ns == 0 {
+        return 0;
+    }
+    unsafe { (*p).start_ns = 0 };
     if s.syscall != sc as u8 {
         return 0; // enter of another syscall whose exit we missed (attached mid-call)
     }
@@ -120,8 +132,8 @@ pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
 /// Called by `block_io_start` in the submitter's context: a read syscall of this thread that
 /// submits block IO is a page-cache miss.
 #[inline(always)]
-pub fn mark_block_io(tid: u32) {
-    if let Some(s) = SYSCALL_START.get_ptr_mut(&tid) {
+pub fn mark_block_io() {
+    if let Some(s) = SYSCALL_START.current() {
         // SAFETY: the entry belongs to this thread, which is running here.
         unsafe { (*s).block_io = 1 };
     }

@@ -1,13 +1,28 @@
 //! `tgid → series id`, written by userspace (classifier) and by `sched_process_fork`
 //! (a child inherits its parent's series until userspace reclassifies it).
-use aya_ebpf::{macros::map, maps::HashMap};
-use pgio_common::MAX_TRACKED;
+//!
+//! An array indexed by tgid rather than a hash: the verifier inlines array lookups into a
+//! bounds check and an address computation, so an untracked process pays almost nothing.
+//! 0 (`SERIES_UNTRACKED`) means not tracked. Sized to `pid_max` by the loader (4 bytes a pid:
+//! 128 KiB for the default 32768, 16 MiB for 2^22).
+use aya_ebpf::{macros::map, maps::Array};
+use pgio_common::{PID_MAX_LIMIT, SERIES_UNTRACKED};
 
 #[map]
-pub static TRACKED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACKED, 0);
+static TRACKED: Array<u32> = Array::with_max_entries(PID_MAX_LIMIT, 0);
 
 #[inline(always)]
 pub fn series_of(tgid: u32) -> Option<u32> {
-    // SAFETY: values are plain u32 copied out at once.
-    unsafe { TRACKED.get(&tgid).copied() }
+    match TRACKED.get(tgid) {
+        Some(s) if *s != SERIES_UNTRACKED => Some(*s),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+pub fn set(tgid: u32, series: u32) {
+    if let Some(p) = TRACKED.get_ptr_mut(tgid) {
+        // SAFETY: a plain u32 slot; a racing userspace write of the same slot is benign.
+        unsafe { *p = series };
+    }
 }

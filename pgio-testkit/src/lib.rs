@@ -6,6 +6,7 @@
 //! (`TempDir`, `LoopDevice`, `Ext4Mount`, `PgCluster`) so they are torn down in reverse.
 
 mod cmd;
+pub mod daemon;
 pub mod diskstats;
 pub mod ext4;
 pub mod load;
@@ -16,6 +17,7 @@ pub mod process;
 
 use std::time::{Duration, Instant};
 
+pub use daemon::{Daemon, rules_config};
 pub use diskstats::{DiskStats, diskstats};
 pub use ext4::Ext4Mount;
 pub use load::{LoadProcess, pgio_load_bin};

@@ -23,6 +23,7 @@ pub struct LoadProcess {
     stdout: BufReader<ChildStdout>,
     pid: u32,
     reaped: bool,
+    cpu_ns: Option<u64>,
 }
 
 impl LoadProcess {
@@ -52,6 +53,7 @@ impl LoadProcess {
             stdout: BufReader::new(stdout),
             pid,
             reaped: false,
+            cpu_ns: None,
         };
         let line = lp.read_line().context("waiting for `ready <pid>`")?;
         let announced: u32 = line
@@ -80,13 +82,20 @@ impl LoadProcess {
         Ok(())
     }
 
-    /// Reads `done <n>`, waits for the exit and fails unless it exited 0. Returns n.
+    /// CPU time (ns) the generator spent between `go` and `done`, once `wait_done` returned.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        self.cpu_ns
+    }
+
+    /// Reads `done <n> <cpu_ns>`, waits for the exit and fails unless it exited 0. Returns n.
     pub fn wait_done(&mut self) -> Result<u64> {
         let line = self.read_line().context("waiting for `done <n>`")?;
-        let n = line
-            .strip_prefix("done ")
+        let mut fields = line.strip_prefix("done ").unwrap_or_default().split(' ');
+        let n = fields
+            .next()
             .and_then(|n| n.trim().parse().ok())
-            .with_context(|| format!("expected `done <n>`, got {line:?}"));
+            .with_context(|| format!("expected `done <n> <cpu_ns>`, got {line:?}"));
+        self.cpu_ns = fields.next().and_then(|c| c.trim().parse().ok());
         self.stdin = None;
         let status = self.child.wait().context("waiting for pgio-load")?;
         self.reaped = true;

@@ -26,20 +26,26 @@ fn installed(pkg: &str) -> bool {
         })
 }
 
-fn missing() -> Vec<&'static str> {
-    PACKAGES.iter().copied().filter(|p| !installed(p)).collect()
+fn missing<'a>(pkgs: &[&'a str]) -> Vec<&'a str> {
+    pkgs.iter().copied().filter(|p| !installed(p)).collect()
 }
 
 pub fn ensure_packages() -> Result<()> {
-    step(format!("checking Debian packages: {}", PACKAGES.join(" ")));
+    ensure(PACKAGES)?;
+    check_pg_bin();
+    Ok(())
+}
+
+/// Installs whichever of `pkgs` is missing (apt-get update once first); a no-op when all are.
+pub fn ensure(pkgs: &[&str]) -> Result<()> {
+    step(format!("checking Debian packages: {}", pkgs.join(" ")));
     if which("dpkg").is_none() {
         step("dpkg not found (not Debian?): skipping the package check");
         return Ok(());
     }
-    let missing_pkgs = missing();
+    let missing_pkgs = missing(pkgs);
     if missing_pkgs.is_empty() {
         step("Debian packages are installed");
-        check_pg_bin();
         return Ok(());
     }
     if !is_root() {
@@ -61,14 +67,13 @@ pub fn ensure_packages() -> Result<()> {
         .args(["install", "-y", "--no-install-recommends"])
         .args(&missing_pkgs)
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    let still = missing();
+    let still = missing(pkgs);
     if !still.is_empty() {
         bail!(
             "still not installed after apt-get install: {}",
             still.join(" ")
         );
     }
-    check_pg_bin();
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 //! is idempotent: when the machine is already in the wanted state it only checks and moves on.
 
 mod apt;
+mod bench;
 mod commands;
 mod toolchain;
 mod util;
@@ -54,6 +55,17 @@ enum Cmd {
         #[arg(last = true, value_name = "CARGO_TEST_ARGS")]
         args: Vec<String>,
     },
+    /// Measure pgio's overhead side by side with its baselines; writes BENCHMARKS.md.
+    Bench {
+        #[command(flatten)]
+        setup: SetupFlag,
+        /// Smoke run: small counts, BENCHMARKS.md untouched (what CI runs).
+        #[arg(long)]
+        quick: bool,
+        /// Only the per-call cost table (while working on the hot path); BENCHMARKS.md untouched.
+        #[arg(long)]
+        per_call_only: bool,
+    },
     /// Setup, build pgio-daemon (release) and run `pgio-daemon check` as root.
     Check {
         #[command(flatten)]
@@ -87,6 +99,40 @@ fn real_main() -> Result<()> {
         Cmd::Run { setup, args } => commands::run_daemon(&root, setup.skip_setup, &args),
         Cmd::Test { setup, args } => commands::test(&root, setup.skip_setup, &args),
         Cmd::Check { setup } => commands::check(&root, setup.skip_setup),
+        Cmd::Bench {
+            setup,
+            quick,
+            per_call_only,
+        } => {
+            if !setup.skip_setup {
+                commands::setup()?;
+                if let Err(e) = apt::ensure(&["bpftrace"]) {
+                    util::step(format!(
+                        "bpftrace unavailable ({e:#}): its column is left out"
+                    ));
+                }
+            }
+            let o = if quick {
+                bench::BenchOptions {
+                    rounds: 1,
+                    calls: 20_000,
+                    pairs: 1,
+                    pgbench_secs: 2,
+                    quick,
+                    per_call_only,
+                }
+            } else {
+                bench::BenchOptions {
+                    rounds: 9,
+                    calls: 2_000_000,
+                    pairs: 5,
+                    pgbench_secs: 10,
+                    quick,
+                    per_call_only,
+                }
+            };
+            bench::bench(&root, &o)
+        }
     }
 }
 

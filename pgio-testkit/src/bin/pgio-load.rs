@@ -344,6 +344,16 @@ fn futex_waits(n: u64, ms: u64) -> Result<u64> {
     Ok(n)
 }
 
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_PROCESS_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn run(cmd: Cmd) -> Result<u64> {
     let prepared = prepare(cmd)?;
     let mut out = std::io::stdout().lock();
@@ -355,8 +365,11 @@ fn run(cmd: Cmd) -> Result<u64> {
         .read_line(&mut line)
         .context("reading go line")?;
     ensure!(n > 0, "stdin closed before the go line");
+    let cpu_before = process_cpu_ns();
     let done = execute(prepared)?;
-    writeln!(out, "done {done}").context("writing done")?;
+    // CPU time of the IO loop alone (user + system, BPF programs on its syscalls included).
+    let cpu_ns = process_cpu_ns().saturating_sub(cpu_before);
+    writeln!(out, "done {done} {cpu_ns}").context("writing done")?;
     out.flush().context("flushing done")?;
     Ok(done)
 }

@@ -1,0 +1,606 @@
+//! `cargo xtask bench`: pgio's cost, side by side with its baselines in one run, interleaved
+//! rounds, medians; printed and written to BENCHMARKS.md.
+//!
+//! 1. per-call cost of cached 8 KiB pread64: nothing attached / empty programs on the same
+//!    tracepoints (the floor) / pgio tracking the process / pgio not tracking it / bpftrace;
+//! 2. `pgbench -S` TPS with and without pgio (PostgreSQL 15 on a loop device);
+//! 3. the daemon's RSS and CPU, idle and scraped every second;
+//! 4. criterion benches of the userspace hot spots.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use pgio_testkit::{
+    Daemon, Ext4Mount, LoadProcess, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, rules_config,
+    temp_dir,
+};
+
+use crate::util::{fmt_duration, run, step, target_dir, which};
+
+pub struct BenchOptions {
+    /// Interleaved rounds of the per-call measurement.
+    pub rounds: usize,
+    /// pread64 calls per measurement.
+    pub calls: u64,
+    /// pgbench pairs (with / without pgio).
+    pub pairs: usize,
+    /// Seconds per pgbench run.
+    pub pgbench_secs: u32,
+    /// Smoke run: tiny counts, no BENCHMARKS.md.
+    pub quick: bool,
+    /// Only section 1, printed.
+    pub per_call_only: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tracer {
+    Baseline,
+    Floor,
+    Pgio,
+    PgioUntracked,
+    Bpftrace,
+}
+
+impl Tracer {
+    fn name(self) -> &'static str {
+        match self {
+            Tracer::Baseline => "baseline (nothing attached)",
+            Tracer::Floor => "floor (empty programs)",
+            Tracer::Pgio => "pgio, process tracked",
+            Tracer::PgioUntracked => "pgio, process untracked",
+            Tracer::Bpftrace => "bpftrace",
+        }
+    }
+}
+
+const BPFTRACE_SCRIPT: &str = "tracepoint:syscalls:sys_enter_pread64 { @start[tid] = nsecs; } \
+     tracepoint:syscalls:sys_exit_pread64 /@start[tid]/ { @us = hist((nsecs - @start[tid]) / 1000); delete(@start[tid]); }";
+
+/// Whatever is attached while one measurement runs; Drop detaches it.
+enum Attached {
+    Nothing,
+    Daemon(Daemon),
+    Child(Child),
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Attached::Child(c) = self {
+            // SAFETY: signalling our own child (SIGINT: bpftrace prints its maps and exits).
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Spawns `cmd` and waits for a stdout line containing `marker` (the tracer is attached).
+fn spawn_until(mut cmd: Command, marker: &str) -> Result<Child> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("spawning {cmd:?}"))?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains(marker) => break,
+            Some(Ok(_)) => continue,
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("{cmd:?} exited before printing {marker:?}");
+            }
+        }
+    }
+    // Keep draining stdout so the tracer never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(child)
+}
+
+struct Bins {
+    daemon: PathBuf,
+    load: PathBuf,
+}
+
+fn attach(t: Tracer, bins: &Bins, config: &str) -> Result<Attached> {
+    Ok(match t {
+        Tracer::Baseline => Attached::Nothing,
+        Tracer::Floor => {
+            let mut c = Command::new(&bins.daemon);
+            c.arg("floor");
+            Attached::Child(spawn_until(c, "ready")?)
+        }
+        Tracer::Pgio | Tracer::PgioUntracked => {
+            Attached::Daemon(Daemon::start(&bins.daemon, config)?)
+        }
+        Tracer::Bpftrace => {
+            let mut c = Command::new("bpftrace");
+            c.args(["-e", BPFTRACE_SCRIPT]);
+            let child = spawn_until(c, "Attaching")?;
+            // "Attaching 2 probes..." is printed before the attach completes.
+            std::thread::sleep(Duration::from_millis(500));
+            Attached::Child(child)
+        }
+    })
+}
+
+/// CPU ns per pread64 call of one `pgio-load pread` run under tracer `t`.
+fn per_call_once(t: Tracer, bins: &Bins, file: &Path, calls: u64) -> Result<f64> {
+    let tracked_config = rules_config(&[("bench", "pread", "^pgio-load$")]);
+    let attached = attach(
+        t,
+        bins,
+        if t == Tracer::Pgio {
+            &tracked_config
+        } else {
+            ""
+        },
+    )?;
+    let file = file.to_str().context("utf-8 path")?;
+    // Pinned to one CPU: no migrations in the middle of the loop (taskset execs, same pid).
+    let load_bin = bins.load.to_str().context("utf-8 path")?;
+    let mut load = LoadProcess::spawn(
+        Path::new("taskset"),
+        ["-c", "1", load_bin, "pread", file, &calls.to_string(), "0"],
+    )?;
+    if let Attached::Daemon(d) = &attached
+        && t == Tracer::Pgio
+    {
+        d.wait_tracked("bench", "pread")?;
+    }
+    load.go()?;
+    load.wait_done()?;
+    let cpu = load.cpu_ns().context("pgio-load reported no CPU time")?;
+    drop(attached);
+    Ok(cpu as f64 / calls as f64)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Per tracer: median ns/call, the rounds, and the median of the per-round differences to
+/// the baseline of the same round (rounds drift on a shared VM; pairing cancels the drift).
+struct PerCall {
+    tracers: Vec<(Tracer, f64, Vec<f64>)>,
+}
+
+impl PerCall {
+    fn rounds(&self, t: Tracer) -> Option<&[f64]> {
+        self.tracers
+            .iter()
+            .find(|x| x.0 == t)
+            .map(|x| x.2.as_slice())
+    }
+    fn added(&self, t: Tracer) -> Option<f64> {
+        let (r, b) = (self.rounds(t)?, self.rounds(Tracer::Baseline)?);
+        let mut d: Vec<f64> = r.iter().zip(b).map(|(x, y)| x - y).collect();
+        Some(median(&mut d))
+    }
+}
+
+fn per_call(bins: &Bins, o: &BenchOptions) -> Result<PerCall> {
+    let dir = temp_dir()?;
+    let file = dir.path().join("cached");
+    std::fs::write(&file, vec![1u8; 8 << 20])?; // just written: in the page cache
+    let mut tracers = vec![
+        Tracer::Baseline,
+        Tracer::Floor,
+        Tracer::Pgio,
+        Tracer::PgioUntracked,
+    ];
+    if which("bpftrace").is_some() {
+        tracers.push(Tracer::Bpftrace);
+    } else {
+        step("bpftrace not installed: its column is left out");
+    }
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); tracers.len()];
+    for round in 0..o.rounds {
+        // Rotate the order each round so no tracer always runs first or last.
+        for k in 0..tracers.len() {
+            let i = (k + round) % tracers.len();
+            let ns = per_call_once(tracers[i], bins, &file, o.calls)?;
+            step(format!(
+                "per-call round {}/{}: {:<28} {ns:7.1} ns/call",
+                round + 1,
+                o.rounds,
+                tracers[i].name()
+            ));
+            samples[i].push(ns);
+        }
+    }
+    Ok(PerCall {
+        tracers: tracers
+            .into_iter()
+            .zip(samples)
+            .map(|(t, s)| {
+                let m = median(&mut s.clone());
+                (t, m, s)
+            })
+            .collect(),
+    })
+}
+
+/// ns per run of pgio's pread64 programs, from kernel.bpf_stats_enabled (pgio `bpf_stats`).
+fn program_cost(bins: &Bins, calls: u64) -> Result<Vec<(String, f64)>> {
+    let dir = temp_dir()?;
+    let file = dir.path().join("cached");
+    std::fs::write(&file, vec![1u8; 8 << 20])?;
+    let config = format!(
+        "bpf_stats = true\n{}",
+        rules_config(&[("bench", "pread", "^pgio-load$")])
+    );
+    let daemon = Daemon::start(&bins.daemon, &config)?;
+    let f = file.to_str().context("utf-8")?;
+    let mut load = LoadProcess::spawn(&bins.load, ["pread", f, &calls.to_string(), "0"])?;
+    daemon.wait_tracked("bench", "pread")?;
+    let before = daemon.scrape()?;
+    load.go()?;
+    load.wait_done()?;
+    let after = daemon.scrape()?;
+    let mut out = Vec::new();
+    for p in ["sys_enter_pread64", "sys_exit_pread64"] {
+        let l = [("program", p)];
+        let secs = after.sum("pgio_bpf_program_run_seconds_total", &l)
+            - before.sum("pgio_bpf_program_run_seconds_total", &l);
+        let runs = after.sum("pgio_bpf_program_runs_total", &l)
+            - before.sum("pgio_bpf_program_runs_total", &l);
+        out.push((p.to_owned(), secs * 1e9 / runs.max(1.0)));
+    }
+    daemon.stop()?;
+    Ok(out)
+}
+
+/// utime + stime of `pid` in seconds, and VmRSS in KiB.
+fn cpu_and_rss(pid: u32) -> Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_comm = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = after_comm.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the comm.
+    let ticks: u64 =
+        f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmRSS")?;
+    Ok((ticks as f64 / hz, rss))
+}
+
+struct Footprint {
+    idle_cpu_pct: f64,
+    idle_rss_kib: u64,
+    scraped_cpu_pct: f64,
+    scraped_rss_kib: u64,
+    metrics_bytes: usize,
+}
+
+fn footprint(bins: &Bins, secs: u64) -> Result<Footprint> {
+    let daemon = Daemon::start(&bins.daemon, "")?;
+    std::thread::sleep(Duration::from_secs(2)); // start-up scan done
+    let pid = daemon.pid();
+    let (c0, _) = cpu_and_rss(pid)?;
+    std::thread::sleep(Duration::from_secs(secs));
+    let (c1, idle_rss_kib) = cpu_and_rss(pid)?;
+    let mut metrics_bytes = 0;
+    let mut rss_max = idle_rss_kib;
+    for _ in 0..secs {
+        let t = Instant::now();
+        let text = pgio_testkit::metrics::http_get(
+            &format!("{}/metrics", daemon.url),
+            Duration::from_secs(10),
+        )?;
+        metrics_bytes = text.len();
+        rss_max = rss_max.max(cpu_and_rss(pid)?.1);
+        std::thread::sleep(Duration::from_secs(1).saturating_sub(t.elapsed()));
+    }
+    let (c2, rss) = cpu_and_rss(pid)?;
+    daemon.stop()?;
+    Ok(Footprint {
+        idle_cpu_pct: 100.0 * (c1 - c0) / secs as f64,
+        idle_rss_kib,
+        scraped_cpu_pct: 100.0 * (c2 - c1) / secs as f64,
+        scraped_rss_kib: rss_max.max(rss),
+        metrics_bytes,
+    })
+}
+
+struct Tps {
+    without: Vec<f64>,
+    with: Vec<f64>,
+}
+
+fn pgbench_tps(pg: &PgCluster, secs: u32) -> Result<f64> {
+    let out = pg.pgbench_ok(&["-S", "-n", "-c", "2", "-j", "2", "-T", &secs.to_string()])?;
+    out.lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .context("no tps line in pgbench output")
+}
+
+fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
+    let dir = temp_dir()?;
+    let lo = LoopDevice::create(dir.path(), 1 << 30, true)?;
+    let fs = Ext4Mount::new(&lo, &dir.path().join("mnt"))?;
+    let opts =
+        PgOptions::new(PG15_BIN_DIR, fs.path().join("pgdata"), 55_433).setting("autovacuum", "off");
+    let mut pg = PgCluster::init_with(opts)?;
+    pg.start()?;
+    pg.pgbench_ok(&["-i", "-q", "-s", "10"])?;
+    pgbench_tps(&pg, 3)?; // warm the cache: the data set fits in shared_buffers + page cache
+    let mut tps = Tps {
+        without: Vec::new(),
+        with: Vec::new(),
+    };
+    for pair in 0..o.pairs {
+        for with in [pair % 2 == 0, pair % 2 != 0] {
+            let daemon = if with {
+                let d = Daemon::start(&bins.daemon, "")?;
+                d.wait_tracked("postgres", "postmaster")?;
+                Some(d)
+            } else {
+                None
+            };
+            let t = pgbench_tps(&pg, o.pgbench_secs)?;
+            step(format!(
+                "pgbench pair {}/{}: {} pgio: {t:.0} tps",
+                pair + 1,
+                o.pairs,
+                if with { "with" } else { "without" }
+            ));
+            if with {
+                tps.with.push(t);
+            } else {
+                tps.without.push(t);
+            }
+            if let Some(d) = daemon {
+                d.stop()?;
+            }
+        }
+    }
+    pg.stop()?;
+    Ok(tps)
+}
+
+/// `cargo bench` of pgio-daemon's criterion benches; mean ns of each from criterion's JSON.
+fn criterion(root: &Path, quick: bool) -> Result<Vec<(String, f64)>> {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root)
+        .args(["bench", "-p", "pgio-daemon", "--bench", "userspace"]);
+    if quick {
+        cmd.args(["--", "--quick", "metrics_5000_series|classify|proc_scan"]);
+    }
+    run(&mut cmd)?;
+    let mut out = Vec::new();
+    for name in [
+        "metrics_5000_series_openmetrics",
+        "metrics_5000_series_text",
+        "metrics_5000_label_sets_openmetrics",
+        "classify_10000_titles",
+        "proc_scan",
+    ] {
+        let path = target_dir(root).join(format!("criterion/{name}/new/estimates.json"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text)?;
+        if let Some(ns) = v["mean"]["point_estimate"].as_f64() {
+            out.push((name.to_owned(), ns));
+        }
+    }
+    Ok(out)
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "n/a".into(),
+    }
+}
+
+pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
+    let started = Instant::now();
+    step("building pgio-daemon and pgio-load (release)");
+    run(Command::new("cargo").current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "pgio-daemon",
+        "-p",
+        "pgio-testkit",
+        "--bins",
+    ]))?;
+    let release = target_dir(root).join("release");
+    let bins = Bins {
+        daemon: release.join("pgio-daemon"),
+        load: release.join("pgio-load"),
+    };
+
+    let per_call = per_call(&bins, o)?;
+    if o.per_call_only {
+        let mut r = String::new();
+        per_call_report(&mut r, o, &per_call);
+        println!("{r}");
+        return Ok(());
+    }
+    let programs = program_cost(&bins, o.calls)?;
+    let footprint = footprint(&bins, if o.quick { 2 } else { 10 })?;
+    let tps = pgbench_pairs(&bins, o)?;
+    let crit = criterion(root, o.quick)?;
+
+    let report = report(o, &per_call, &programs, &footprint, &tps, &crit);
+    println!("{report}");
+    if o.quick {
+        step("quick run: BENCHMARKS.md left as it is");
+    } else {
+        std::fs::write(root.join("BENCHMARKS.md"), &report).context("writing BENCHMARKS.md")?;
+        step("wrote BENCHMARKS.md");
+    }
+    step(format!(
+        "bench: done in {}",
+        fmt_duration(started.elapsed())
+    ));
+    Ok(())
+}
+
+fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
+    let _ = writeln!(r, "## 1. Per-call cost: cached 8 KiB pread64\n");
+    let _ = writeln!(
+        r,
+        "`pgio-load pread` does {} pread64 calls of 8 KiB on a file in the page cache; CPU time \
+         of the loop (user + system, so the BPF programs on its syscalls included) per call. \
+         {} rounds; round order rotates; the process is pinned to CPU 1.\n",
+        o.calls, o.rounds
+    );
+    let _ = writeln!(
+        r,
+        "| configuration | ns/call (median) | added ns/call (median of per-round differences) | rounds |"
+    );
+    let _ = writeln!(r, "|---|---:|---:|---|");
+    for (t, m, s) in &pc.tracers {
+        let added = pc.added(*t).map_or("".into(), |a| format!("{a:+.1}"));
+        let rounds: Vec<String> = s.iter().map(|x| format!("{x:.0}")).collect();
+        let _ = writeln!(
+            r,
+            "| {} | {m:.1} | {added} | {} |",
+            t.name(),
+            rounds.join(", ")
+        );
+    }
+    let floor = pc.added(Tracer::Floor);
+    let _ = writeln!(r, "\n| ratio of added cost | measured | target |");
+    let _ = writeln!(r, "|---|---:|---:|");
+    let _ = writeln!(
+        r,
+        "| pgio tracked / floor | {} | ≤ 1.25 |",
+        ratio(pc.added(Tracer::Pgio), floor)
+    );
+    let _ = writeln!(
+        r,
+        "| pgio untracked / floor | {} | ≤ 1.10 |",
+        ratio(pc.added(Tracer::PgioUntracked), floor)
+    );
+    let _ = writeln!(
+        r,
+        "| pgio tracked / bpftrace | {} | ≤ 0.50 |",
+        ratio(pc.added(Tracer::Pgio), pc.added(Tracer::Bpftrace))
+    );
+}
+
+fn report(
+    o: &BenchOptions,
+    pc: &PerCall,
+    programs: &[(String, f64)],
+    fp: &Footprint,
+    tps: &Tps,
+    crit: &[(String, f64)],
+) -> String {
+    let mut r = String::new();
+    let uname = Command::new("uname")
+        .arg("-r")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let _ = writeln!(r, "# pgio benchmarks\n");
+    let _ = writeln!(
+        r,
+        "Measured by `cargo xtask bench` (this file is its output) on kernel {uname}, {} cores. \
+         Every figure below comes from one run, configurations interleaved, medians of rounds.\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    per_call_report(&mut r, o, pc);
+    let _ = writeln!(
+        r,
+        "\nRun time per program run from `kernel.bpf_stats_enabled` (pgio `bpf_stats = true`, a \
+         separate run; stats add their own few ns):\n"
+    );
+    for (p, ns) in programs {
+        let _ = writeln!(r, "- `{p}`: {ns:.0} ns/run");
+    }
+
+    let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
+    let (mut w, mut wo) = (tps.with.clone(), tps.without.clone());
+    let (mw, mwo) = (median(&mut w), median(&mut wo));
+    let _ = writeln!(
+        r,
+        "PostgreSQL 15, scale 10 on ext4 on a direct-IO loop device, warm cache (the worst case \
+         for relative overhead: every transaction is CPU and syscalls), `pgbench -S -c 2 -j 2 -T \
+         {}`, {} interleaved pairs; pgio tracks every Postgres process.\n",
+        o.pgbench_secs, o.pairs
+    );
+    let _ = writeln!(r, "| | median tps | runs |\n|---|---:|---|");
+    let fmt_runs = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        r,
+        "| without pgio | {mwo:.0} | {} |",
+        fmt_runs(&tps.without)
+    );
+    let _ = writeln!(r, "| with pgio | {mw:.0} | {} |", fmt_runs(&tps.with));
+    let _ = writeln!(
+        r,
+        "\nRatio with/without: **{:.3}** (target ≥ 0.97).",
+        mw / mwo
+    );
+
+    let _ = writeln!(r, "\n## 3. Daemon footprint\n");
+    let _ = writeln!(r, "| state | CPU (% of one core) | RSS |\n|---|---:|---:|");
+    let _ = writeln!(
+        r,
+        "| idle | {:.2} % | {:.1} MiB |",
+        fp.idle_cpu_pct,
+        fp.idle_rss_kib as f64 / 1024.0
+    );
+    let _ = writeln!(
+        r,
+        "| scraped every second ({} KiB of /metrics) | {:.2} % | {:.1} MiB |",
+        fp.metrics_bytes / 1024,
+        fp.scraped_cpu_pct,
+        fp.scraped_rss_kib as f64 / 1024.0
+    );
+    let _ = writeln!(r, "\nTarget: RSS ≤ 40 MiB.");
+
+    let _ = writeln!(r, "\n## 4. Userspace hot spots (criterion, mean)\n");
+    let _ = writeln!(r, "| bench | time |\n|---|---:|");
+    for (name, ns) in crit {
+        let _ = writeln!(r, "| `{name}` | {:.3} ms |", ns / 1e6);
+    }
+    let _ = writeln!(
+        r,
+        "\n`metrics_5000_series_*`: 5,180 sample lines (50 label sets × pread64 hit/miss + futex \
+         histograms, block histograms on 4 devices); target ≤ 5 ms. `_openmetrics` is what \
+         Prometheus asks for, `_text` adds the conversion to the 0.0.4 text format. \
+         `metrics_5000_label_sets_openmetrics`: 5,000 label sets (517,010 lines, 83 MB) for scale.\n"
+    );
+    let _ = writeln!(r, "Reproduce: `cargo xtask bench` (as root; ~10 minutes).");
+    r
+}
