@@ -5,7 +5,10 @@ use std::{
     collections::BTreeMap,
     fmt::{self, Write as _},
     os::fd::RawFd,
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use aya::maps::{MapData, PerCpuArray};
@@ -361,8 +364,11 @@ pub fn registry(collector: PgioCollector) -> Registry {
 
 /// OpenMetrics text as prometheus-client writes it.
 pub fn openmetrics(registry: &Registry) -> Result<String, fmt::Error> {
-    let mut out = String::with_capacity(64 * 1024);
+    // Start at the last size (plus a margin): no reallocation while encoding.
+    static LAST_LEN: AtomicUsize = AtomicUsize::new(64 * 1024);
+    let mut out = String::with_capacity(LAST_LEN.load(Ordering::Relaxed) + 4096);
     prometheus_client::encoding::text::encode(&mut out, registry)?;
+    LAST_LEN.store(out.len(), Ordering::Relaxed);
     Ok(out)
 }
 

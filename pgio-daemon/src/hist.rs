@@ -1,8 +1,8 @@
 //! Log2 histograms summed over CPUs, and their Prometheus form.
 use pgio_common::hist::{Bucket, SLOTS};
 
-/// Smallest `le`: 2^8 ns = 256 ns (everything faster is folded into it).
-pub const MIN_SLOT: usize = 8;
+/// Smallest `le`: 2^10 ns ≈ 1 µs (everything faster is folded into it: a syscall takes longer).
+pub const MIN_SLOT: usize = 10;
 /// Largest finite `le`: 2^34 ns ≈ 17.2 s (everything slower goes to `+Inf` only).
 pub const MAX_SLOT: usize = 34;
 
@@ -78,13 +78,13 @@ mod tests {
     #[test]
     fn buckets_are_upper_inclusive_powers_of_two_in_seconds() {
         let mut h = Log2Hist::default();
-        observe(&mut h, 100); // below 256 ns: first bucket
+        observe(&mut h, 100); // below 1.024 µs: first bucket
         observe(&mut h, 1 << 20); // exactly 2^20 ns: le=2^20
         observe(&mut h, (1 << 20) + 1); // just above: le=2^21
         observe(&mut h, 1 << 40); // beyond 2^34: only +Inf
         let b = h.prometheus_buckets();
         assert_eq!(b.len(), MAX_SLOT - MIN_SLOT + 2);
-        assert_eq!(b[0], (256e-9, 1));
+        assert_eq!(b[0], (1024e-9, 1));
         let at = |k: usize| b[k - MIN_SLOT];
         assert!((at(20).0 - 0.001048576).abs() < 1e-15);
         assert_eq!(at(20).1, 1);

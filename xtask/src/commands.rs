@@ -129,7 +129,16 @@ fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
             "not root and CI unset: root-only integration tests may skip ({REQUIRE} unset)"
         ));
     }
-    timed(&describe(&cmd), || run_quiet(&mut cmd))
+    timed(&describe(&cmd), || run_quiet(&mut cmd))?;
+    if is_root() {
+        // Benchmarks are not tests, but they must keep running: a smoke run of all of them.
+        timed("cargo xtask bench --quick (smoke)", || {
+            crate::bench::bench(root, &crate::bench::BenchOptions::quick())
+        })
+    } else {
+        step("not root: skipping the benchmark smoke run");
+        Ok(())
+    }
 }
 
 fn daemon_binary(root: &Path) -> Result<std::path::PathBuf> {

@@ -47,11 +47,12 @@ enum Cmd {
         #[arg(last = true, value_name = "ARGS")]
         args: Vec<String>,
     },
-    /// Setup, then cargo fmt --check, cargo clippy -D warnings and cargo test --workspace --release.
+    /// Setup, then cargo fmt --check, clippy -D warnings, cargo test --release and, as root, a
+    /// benchmark smoke run (`bench --quick`).
     Test {
         #[command(flatten)]
         setup: SetupFlag,
-        /// Extra arguments appended to `cargo test --workspace --release` (after `--`).
+        /// Extra arguments appended to `cargo test --release` (after `--`).
         #[arg(last = true, value_name = "CARGO_TEST_ARGS")]
         args: Vec<String>,
     },
@@ -113,23 +114,9 @@ fn real_main() -> Result<()> {
                 }
             }
             let o = if quick {
-                bench::BenchOptions {
-                    rounds: 1,
-                    calls: 20_000,
-                    pairs: 1,
-                    pgbench_secs: 2,
-                    quick,
-                    per_call_only,
-                }
+                bench::BenchOptions::quick()
             } else {
-                bench::BenchOptions {
-                    rounds: 9,
-                    calls: 2_000_000,
-                    pairs: 5,
-                    pgbench_secs: 10,
-                    quick,
-                    per_call_only,
-                }
+                bench::BenchOptions::full(per_call_only)
             };
             bench::bench(&root, &o)
         }
