@@ -107,7 +107,7 @@ fn gauges<L: EncodeLabelSet>(
 }
 
 /// `run_time_ns`, `run_cnt`, `recursion_misses` of one program.
-fn program_stats(fd: RawFd) -> Option<(u64, u64, u64)> {
+pub fn program_stats(fd: RawFd) -> Option<(u64, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
     let field = |k: &str| {
         text.lines()

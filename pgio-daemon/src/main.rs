@@ -136,12 +136,22 @@ fn run_check() -> ExitCode {
 fn run_floor() -> Result<()> {
     require_privileges()?;
     tracefs::ensure_mounted()?;
-    let _ebpf = probes::load_floor()?;
+    let ebpf = probes::load_floor()?;
     println!("ready");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(shutdown_signal());
+    // For `cargo xtask bench`: the programs' run time (kernel.bpf_stats_enabled) at exit.
+    for (name, p) in ebpf.programs() {
+        if let Some((ns, runs, _)) = p
+            .fd()
+            .ok()
+            .and_then(|fd| exposition::program_stats(fd.as_fd().as_raw_fd()))
+        {
+            println!("stats {name} {ns} {runs}");
+        }
+    }
     Ok(())
 }
 

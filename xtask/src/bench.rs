@@ -11,12 +11,12 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pgio_testkit::{
-    Daemon, Ext4Mount, LoadProcess, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, rules_config,
-    temp_dir,
+    Daemon, Ext4Mount, LoadProcess, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, temp_dir,
 };
 
 use crate::util::{fmt_duration, run, step, target_dir, which};
@@ -88,29 +88,50 @@ const BPFTRACE_SCRIPT: &str = "tracepoint:syscalls:sys_enter_pread64 { @start[ti
 enum Attached {
     Nothing,
     Daemon(Daemon),
-    Child(Child),
+    Child(Tracing),
+}
+
+impl Tracing {
+    /// SIGINT (bpftrace prints its maps, `pgio-daemon floor` its stats), wait, and return
+    /// what it printed.
+    fn stop(&mut self) -> Vec<String> {
+        let c = &mut self.child;
+        if let Ok(None) = c.try_wait() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+        let mut out = Vec::new();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            out.push(l);
+        }
+        out
+    }
 }
 
 impl Drop for Attached {
     fn drop(&mut self) {
-        if let Attached::Child(c) = self {
-            // SAFETY: signalling our own child (SIGINT: bpftrace prints its maps and exits).
-            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Attached::Child(t) = self {
+            t.stop();
         }
     }
 }
 
+/// A tracer process; its stdout lines after the start marker arrive on `lines`.
+struct Tracing {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
 /// Spawns `cmd` and waits for a stdout line containing `marker` (the tracer is attached).
-fn spawn_until(mut cmd: Command, marker: &str) -> Result<Child> {
+fn spawn_until(mut cmd: Command, marker: &str) -> Result<Tracing> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -130,8 +151,13 @@ fn spawn_until(mut cmd: Command, marker: &str) -> Result<Child> {
         }
     }
     // Keep draining stdout so the tracer never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Ok(child)
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    Ok(Tracing { child, lines: rx })
 }
 
 struct Bins {
@@ -288,34 +314,99 @@ fn per_call(bins: &Bins, o: &BenchOptions) -> Result<PerCall> {
     })
 }
 
-/// ns per run of pgio's pread64 programs, from kernel.bpf_stats_enabled (pgio `bpf_stats`).
-fn program_cost(bins: &Bins, calls: u64) -> Result<Vec<(String, f64)>> {
-    let dir = temp_dir()?;
-    let file = dir.path().join("cached");
-    std::fs::write(&file, vec![1u8; 8 << 20])?;
-    let config = format!(
-        "bpf_stats = true\n{}",
-        rules_config(&[("bench", "pread", "^pgio-load$")])
-    );
-    let daemon = Daemon::start(&bins.daemon, &config)?;
-    let f = file.to_str().context("utf-8")?;
-    let mut load = LoadProcess::spawn(&bins.load, ["pread", f, &calls.to_string(), "0"])?;
-    daemon.wait_tracked("bench", "pread")?;
-    let before = daemon.scrape()?;
-    load.go()?;
-    load.wait_done()?;
-    let after = daemon.scrape()?;
-    let mut out = Vec::new();
-    for p in ["sys_enter_pread64", "sys_exit_pread64"] {
+/// `kernel.bpf_stats_enabled` on while alive, restored on drop.
+struct BpfStats(String);
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    fn enable() -> Result<BpfStats> {
+        let prev = std::fs::read_to_string(BPF_STATS).context("reading bpf_stats_enabled")?;
+        std::fs::write(BPF_STATS, "1").context("enabling kernel.bpf_stats_enabled")?;
+        Ok(BpfStats(prev.trim().to_owned()))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS, &self.0);
+    }
+}
+
+/// In-kernel run time of the pread64 programs (ns per run: enter, exit), from
+/// kernel.bpf_stats_enabled: the empty floor programs, and pgio's with the process tracked
+/// and untracked. This leaves out the cost of reaching a program, common to all three, so it
+/// isolates what pgio's code itself adds; and it is far less noisy than CPU time per call.
+struct ProgramCost {
+    floor: (f64, f64),
+    tracked: (f64, f64),
+    untracked: (f64, f64),
+}
+
+fn pgio_program_ns(before: &pgio_testkit::Metrics, after: &pgio_testkit::Metrics) -> (f64, f64) {
+    let ns = |p: &str| {
         let l = [("program", p)];
         let secs = after.sum("pgio_bpf_program_run_seconds_total", &l)
             - before.sum("pgio_bpf_program_run_seconds_total", &l);
         let runs = after.sum("pgio_bpf_program_runs_total", &l)
             - before.sum("pgio_bpf_program_runs_total", &l);
-        out.push((p.to_owned(), secs * 1e9 / runs.max(1.0)));
+        secs * 1e9 / runs.max(1.0)
+    };
+    (ns("sys_enter_pread64"), ns("sys_exit_pread64"))
+}
+
+fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
+    let _stats = BpfStats::enable()?;
+    let dir = temp_dir()?;
+    let files = (dir.path().join("traced.dat"), dir.path().join("plain.dat"));
+    for f in [&files.0, &files.1] {
+        std::fs::write(f, vec![1u8; 8 << 20])?;
     }
-    daemon.stop()?;
-    Ok(out)
+    let (mut fe, mut fx, mut te, mut tx, mut ue, mut ux) = Default::default();
+    let push = |v: &mut Vec<f64>, x: f64| v.push(x);
+    for _ in 0..o.rounds.clamp(1, 5) {
+        let mut c = Command::new(&bins.daemon);
+        c.arg("floor");
+        let mut floor = spawn_until(c, "ready")?;
+        load_run(bins, &files.1, o.calls, None)?;
+        let stats = floor.stop();
+        let per_run = |name: &str| {
+            stats.iter().find_map(|l| {
+                let mut f = l.strip_prefix("stats ")?.split(' ');
+                (f.next()? == name).then_some(())?;
+                let ns: f64 = f.next()?.parse().ok()?;
+                let runs: f64 = f.next()?.parse().ok()?;
+                Some(ns / runs.max(1.0))
+            })
+        };
+        push(
+            &mut fe,
+            per_run("floor_sys_enter_pread64").context("floor enter stats")?,
+        );
+        push(
+            &mut fx,
+            per_run("floor_sys_exit_pread64").context("floor exit stats")?,
+        );
+
+        let daemon = Daemon::start(&bins.daemon, PER_CALL_CONFIG)?;
+        let before = daemon.scrape()?;
+        load_run(bins, &files.0, o.calls, Some(&daemon))?;
+        let mid = daemon.scrape()?;
+        load_run(bins, &files.1, o.calls, None)?;
+        let after = daemon.scrape()?;
+        daemon.stop()?;
+        let (e, x) = pgio_program_ns(&before, &mid);
+        push(&mut te, e);
+        push(&mut tx, x);
+        let (e, x) = pgio_program_ns(&mid, &after);
+        push(&mut ue, e);
+        push(&mut ux, x);
+    }
+    Ok(ProgramCost {
+        floor: (median(&mut fe), median(&mut fx)),
+        tracked: (median(&mut te), median(&mut tx)),
+        untracked: (median(&mut ue), median(&mut ux)),
+    })
 }
 
 /// utime + stime of `pid` in seconds, and VmRSS in KiB.
@@ -493,7 +584,7 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         println!("{r}");
         return Ok(());
     }
-    let programs = program_cost(&bins, o.calls)?;
+    let programs = program_cost(&bins, o)?;
     let footprint = footprint(&bins, if o.quick { 2 } else { 10 })?;
     let tps = pgbench_pairs(&bins, o)?;
     let crit = criterion(root, o.quick)?;
@@ -560,7 +651,7 @@ fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
 fn report(
     o: &BenchOptions,
     pc: &PerCall,
-    programs: &[(String, f64)],
+    programs: &ProgramCost,
     fp: &Footprint,
     tps: &Tps,
     crit: &[(String, f64)],
@@ -581,13 +672,24 @@ fn report(
     per_call_report(&mut r, o, pc);
     let _ = writeln!(
         r,
-        "\nRun time per program run from `kernel.bpf_stats_enabled` (pgio `bpf_stats = true`, a \
-         separate run; stats add their own few ns):\n"
+        "\n### In-kernel run time of the programs (kernel.bpf_stats_enabled)\n\n\
+         ns per program run, median of {} rounds of {} calls. This leaves out the cost of \
+         reaching a program (the same for all three), so it shows what pgio's own code adds \
+         over an empty program, without the CPU-time noise above.\n",
+        o.rounds.clamp(1, 5),
+        o.calls
     );
-    for (p, ns) in programs {
-        let _ = writeln!(r, "- `{p}`: {ns:.0} ns/run");
+    let _ = writeln!(
+        r,
+        "| programs | sys_enter_pread64 | sys_exit_pread64 | enter + exit |\n|---|---:|---:|---:|"
+    );
+    for (name, (e, x)) in [
+        ("empty (floor)", programs.floor),
+        ("pgio, process tracked", programs.tracked),
+        ("pgio, process untracked", programs.untracked),
+    ] {
+        let _ = writeln!(r, "| {name} | {e:.1} | {x:.1} | {:.1} |", e + x);
     }
-
     let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
     let (mut w, mut wo) = (tps.with.clone(), tps.without.clone());
     let (mw, mwo) = (median(&mut w), median(&mut wo));
