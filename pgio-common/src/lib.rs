@@ -27,8 +27,9 @@ pub enum Drop {
     LifecycleRingFull = 1,
     /// The in-flight request map was full: a request got no submitter.
     InflightFull = 2,
-    /// The per-thread syscall start map was full: a syscall was not timed.
-    SyscallStartFull = 3,
+    /// The thread's task storage for the syscall start could not be created (out of
+    /// memory): a syscall was not timed.
+    SyscallStartUnavailable = 3,
     /// A completion with no in-flight entry. Not a loss as a rule: a request that goes
     /// through a flush sequence (REQ_PREFLUSH/REQ_FUA) fires `block_rq_complete` twice, once
     /// for its data and once at the end of the sequence; also requests issued before pgio
@@ -43,7 +44,7 @@ impl Drop {
         Drop::HistFull,
         Drop::LifecycleRingFull,
         Drop::InflightFull,
-        Drop::SyscallStartFull,
+        Drop::SyscallStartUnavailable,
         Drop::CompleteUnmatched,
     ];
 
@@ -52,7 +53,7 @@ impl Drop {
             Drop::HistFull => "hist_map_full",
             Drop::LifecycleRingFull => "lifecycle_ring_full",
             Drop::InflightFull => "inflight_map_full",
-            Drop::SyscallStartFull => "syscall_start_map_full",
+            Drop::SyscallStartUnavailable => "syscall_start_unavailable",
             Drop::CompleteUnmatched => "complete_unmatched",
         }
     }

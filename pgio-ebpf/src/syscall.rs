@@ -44,7 +44,7 @@ fn enter(sc: Syscall) -> u32 {
         // SAFETY: this thread's own storage; nothing else writes it while the thread runs
         // here but `block_io_start` of this same thread, which runs after this returns.
         Some(s) => unsafe { *s = start },
-        None => drops::count(Drop::SyscallStartFull),
+        None => drops::count(Drop::SyscallStartUnavailable),
     }
     0
 }

@@ -1,6 +1,6 @@
 //! Real-kernel fixtures for pgio's integration tests: loop devices, ext4 mounts,
-//! /proc/diskstats, a PostgreSQL 15 cluster, the `pgio-load` load generator and a
-//! Prometheus scrape helper. Every fixture cleans up in `Drop`, also when a test panics.
+//! /proc/diskstats, PostgreSQL clusters (15 from Debian, 16 to 18 downloaded by `pgdist`),
+//! the `pgio-load` load generator and a Prometheus scrape helper. Every fixture cleans up in `Drop`, also when a test panics.
 //!
 //! Drop order matters for stacked fixtures: declare them in creation order
 //! (`TempDir`, `LoopDevice`, `Ext4Mount`, `PgCluster`) so they are torn down in reverse.
@@ -12,6 +12,7 @@ pub mod ext4;
 pub mod load;
 pub mod loopdev;
 pub mod metrics;
+pub mod pgdist;
 pub mod postgres;
 pub mod process;
 
@@ -23,7 +24,8 @@ pub use ext4::Ext4Mount;
 pub use load::{LoadProcess, pgio_load_bin};
 pub use loopdev::LoopDevice;
 pub use metrics::{Metrics, Sample, scrape};
-pub use postgres::{PG15_BIN_DIR, PgCluster, PgOptions};
+pub use pgdist::pg_bin_dir;
+pub use postgres::{PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession};
 pub use process::{pid_alive, processes_with_cmdline_containing, processes_with_parent};
 pub use tempfile::TempDir;
 

@@ -183,7 +183,7 @@ pub fn pgio_load_bin() -> Result<PathBuf> {
 }
 
 /// target/<profile> for an executable in target/<profile>/deps or target/<profile>.
-fn profile_dir_of(exe: &Path) -> Result<PathBuf> {
+pub(crate) fn profile_dir_of(exe: &Path) -> Result<PathBuf> {
     let dir = exe
         .parent()
         .with_context(|| format!("{} has no parent", exe.display()))?;

@@ -1,10 +1,11 @@
 //! A throwaway PostgreSQL cluster run as the `postgres` OS user, reachable only through a
-//! Unix socket in a private directory. Drop always stops the server.
+//! Unix socket in a private directory. Drop always stops the server. Works with any major
+//! `pgdist::pg_bin_dir` provides (15 to 18).
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -210,6 +211,39 @@ impl PgCluster {
         cmd::run(&mut c)
     }
 
+    /// A long-lived `psql -X -q -d <database> -U <user>` run as the OS user that reads SQL from
+    /// a pipe (`PsqlSession::send`); its server backend lives until the session is dropped.
+    /// psql connects before reading its input, so the backend exists shortly after this
+    /// returns (poll `pg_stat_activity` to be sure).
+    pub fn session(&self, database: &str, user: &str) -> Result<PsqlSession> {
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new(self.opts.bin_dir.join("psql"));
+        c.args(["-X", "-q", "-h"])
+            .arg(self.socket_dir())
+            .args([
+                "-p",
+                &self.opts.port.to_string(),
+                "-U",
+                user,
+                "-d",
+                database,
+            ])
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("LC_ALL", "C")
+            .current_dir(self.run_dir.path())
+            .uid(self.uid)
+            .gid(self.gid)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let mut child = c
+            .spawn()
+            .with_context(|| format!("spawning `{}`", cmd::describe(&c)))?;
+        let stdin = child.stdin.take();
+        Ok(PsqlSession { child, stdin })
+    }
+
     /// A command running `<bin_dir>/<tool>` as the OS user via `runuser -u <user> --`, with
     /// a clean environment (no PG* variables) and the private run dir as working directory.
     pub fn as_os_user(&self, tool: &str) -> Command {
@@ -308,12 +342,47 @@ impl Drop for PgCluster {
     }
 }
 
+/// A `psql` child from `PgCluster::session`. Drop kills it (SIGKILL, this child only) and
+/// reaps it; the server ends its backend when the connection closes.
+#[derive(Debug)]
+pub struct PsqlSession {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl PsqlSession {
+    /// PID of the psql client (not of its server backend).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Writes `sql` and a newline to psql's input; psql runs it once it reads a complete
+    /// statement (end it with `;`). Output goes to /dev/null, errors to stderr.
+    pub fn send(&mut self, sql: &str) -> Result<()> {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().context("psql input closed")?;
+        stdin
+            .write_all(sql.as_bytes())
+            .and_then(|_| stdin.write_all(b"\n"))
+            .and_then(|_| stdin.flush())
+            .context("writing to psql")
+    }
+}
+
+impl Drop for PsqlSession {
+    fn drop(&mut self) {
+        self.stdin = None;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn escape_conf(s: &str) -> String {
     s.replace('\\', "\\\\").replace('\'', "''")
 }
 
 /// (uid, gid) of an OS user.
-fn user_ids(user: &str) -> Result<(u32, u32)> {
+pub(crate) fn user_ids(user: &str) -> Result<(u32, u32)> {
     let name = CString::new(user).context("user name contains NUL")?;
     // SAFETY: getpwnam_r with a caller-provided buffer; all pointers live for the call.
     unsafe {
@@ -338,7 +407,7 @@ fn user_ids(user: &str) -> Result<(u32, u32)> {
 }
 
 /// Every existing ancestor of `path` must be searchable by `uid` (world-x or owned by it).
-fn check_traversable(path: &Path, uid: u32) -> Result<()> {
+pub(crate) fn check_traversable(path: &Path, uid: u32) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     for dir in path.ancestors().skip(1) {
         let Ok(md) = std::fs::metadata(dir) else {
