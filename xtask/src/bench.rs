@@ -628,6 +628,15 @@ fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
             rounds.join(", ")
         );
     }
+    let _ = writeln!(
+        r,
+        "\nReading these numbers: this is a 2-vCPU VM on a shared host. Rounds of the same \
+         configuration differ by up to ±25 %, more than the effects measured, and interleaving \
+         with paired differences only tames it: three full runs on this machine gave \
+         tracked/floor 1.74, 2.14 and 0.83. The in-kernel run times below (kernel \
+         bpf_stats) vary by a few ns between runs and are the figure to trust for what pgio's \
+         programs add.\n"
+    );
     let floor = pc.added(Tracer::Floor);
     let _ = writeln!(r, "\n| ratio of added cost | measured | target |");
     let _ = writeln!(r, "|---|---:|---:|");
