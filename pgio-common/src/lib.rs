@@ -27,8 +27,8 @@ pub enum Drop {
     LifecycleRingFull = 1,
     /// The in-flight request map was full: a request got no submitter.
     InflightFull = 2,
-    /// The thread's task storage for the syscall start could not be created (out of
-    /// memory): a syscall was not timed.
+    /// The thread's task storage for the syscall start could not be had (out of memory, or
+    /// another BPF program on this CPU held the task storage lock): a syscall was not timed.
     SyscallStartUnavailable = 3,
     /// A completion with no in-flight entry. Not a loss as a rule: a request that goes
     /// through a flush sequence (REQ_PREFLUSH/REQ_FUA) fires `block_rq_complete` twice, once

@@ -32,34 +32,30 @@ impl<T> TaskStorage<T> {
         }
     }
 
-    /// The current thread's value, created zeroed on first use (None only if the kernel is
-    /// out of memory).
     #[inline(always)]
-    pub fn current_or_zeroed(&self) -> Option<*mut T> {
+    fn current_with(&self, flags: u64) -> Option<*mut T> {
         // SAFETY: the helper takes the map and a trusted task pointer from the kernel.
         let p = unsafe {
             bpf_task_storage_get(
                 ptr::from_ref(self).cast_mut().cast(),
                 bpf_get_current_task_btf(),
                 ptr::null_mut(),
-                BPF_LOCAL_STORAGE_GET_F_CREATE as u64,
+                flags,
             )
         };
         (!p.is_null()).then_some(p.cast())
     }
 
+    /// The current thread's value, created zeroed on first use (None only if the kernel is
+    /// out of memory, or another BPF program on this CPU holds the task storage lock).
+    #[inline(always)]
+    pub fn current_or_zeroed(&self) -> Option<*mut T> {
+        self.current_with(BPF_LOCAL_STORAGE_GET_F_CREATE as u64)
+    }
+
     /// The current thread's value if it has one.
     #[inline(always)]
     pub fn current(&self) -> Option<*mut T> {
-        // SAFETY: as above, without creating.
-        let p = unsafe {
-            bpf_task_storage_get(
-                ptr::from_ref(self).cast_mut().cast(),
-                bpf_get_current_task_btf(),
-                ptr::null_mut(),
-                0,
-            )
-        };
-        (!p.is_null()).then_some(p.cast())
+        self.current_with(0)
     }
 }
