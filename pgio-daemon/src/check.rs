@@ -102,10 +102,11 @@ pub fn run_checks() -> Vec<Finding> {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
-fn privileges() -> Vec<Finding> {
+/// Capabilities only (what `run` checks before loading anything).
+pub fn privileges() -> Vec<Finding> {
     let effective = match caps::read(None, CapSet::Effective) {
         Ok(c) => c,
         Err(e) => {

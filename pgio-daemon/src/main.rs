@@ -156,9 +156,9 @@ fn run_floor() -> Result<()> {
 }
 
 fn require_privileges() -> Result<()> {
-    let missing: Vec<String> = check::run_checks()
+    let missing: Vec<String> = check::privileges()
         .into_iter()
-        .filter(|f| f.level == check::Level::Fail && f.what.starts_with("CAP_"))
+        .filter(|f| f.level == check::Level::Fail)
         .map(|f| f.what)
         .collect();
     if missing.is_empty() {
