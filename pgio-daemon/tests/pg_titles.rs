@@ -255,6 +255,9 @@ fn check_cluster(
         let Some(info) = read_process(pid) else {
             continue;
         };
+        if info.cmdline.is_empty() {
+            continue; // exiting right now: its command line is already gone
+        }
         let title = format!("{:?}", info.cmdline);
         match classify(&info) {
             Some(l) => {

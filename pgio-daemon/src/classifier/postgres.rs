@@ -39,7 +39,9 @@ pub fn is_postgres(p: &ProcessInfo) -> bool {
 }
 
 pub fn classify(p: &ProcessInfo) -> Option<Labels> {
-    if !is_postgres(p) {
+    // An exiting process has already lost its command line: nothing to tell from it (a live
+    // postmaster always has one).
+    if !is_postgres(p) || p.cmdline.is_empty() {
         return None;
     }
     let mut labels = Labels::app_role("postgres", "");
@@ -211,6 +213,17 @@ mod tests {
             pg("postgres: TimescaleDB Background Worker Scheduler").role,
             "other"
         );
+    }
+
+    #[test]
+    fn exiting_process_without_cmdline_is_not_classified() {
+        let p = ProcessInfo {
+            comm: "postgres".into(),
+            cmdline: String::new(),
+            exe: None,
+            kthread: false,
+        };
+        assert!(classify(&p).is_none());
     }
 
     #[test]
