@@ -2,12 +2,19 @@
 mod common;
 
 use common::Daemon;
-use pgio_testkit::{LoadProcess, pgio_load_bin, require_root};
+use pgio_testkit::{LoadProcess, metrics::Histogram, pgio_load_bin, require_root};
 
 const WAITS: u64 = 10;
 /// le = 2^20 ns and 2^22 ns, the bucket bounds around 2 ms.
 const LE_1MS: f64 = 0.001048576;
 const LE_4MS: f64 = 0.004194304;
+/// A run whose waits the VM stretched past 4 ms (or cut below 1 ms: WAIT_BITSET takes an
+/// absolute deadline, so a preemption just before the call shortens the wait) is repeated.
+const ATTEMPTS: usize = 3;
+
+fn in_range(h: &Histogram) -> f64 {
+    h.count_le(LE_4MS) - h.count_le(LE_1MS)
+}
 
 #[test]
 fn ten_two_ms_futex_waits_in_the_1_to_4_ms_buckets() {
@@ -15,32 +22,40 @@ fn ten_two_ms_futex_waits_in_the_1_to_4_ms_buckets() {
         return;
     }
     let daemon = Daemon::start(&[("test", "futex", "^pgio-load$")]).expect("daemon");
-    let mut load = LoadProcess::spawn(
-        &pgio_load_bin().expect("pgio-load"),
-        ["futex-wait", &WAITS.to_string(), "2"],
-    )
-    .expect("spawn");
-    daemon.wait_tracked("test", "futex");
     let labels = [("app", "test"), ("role", "futex"), ("syscall", "futex")];
-    let before = daemon
-        .scrape()
-        .histogram("pgio_futex_wait_seconds", &labels)
-        .unwrap_or_default();
-    assert_eq!(load.expect_run(), WAITS);
-    let after = daemon
-        .scrape()
-        .histogram("pgio_futex_wait_seconds", &labels)
-        .expect("futex histogram of the test process");
-    let in_range = |h: &pgio_testkit::metrics::Histogram| h.count_le(LE_4MS) - h.count_le(LE_1MS);
-    let waits = in_range(&after) - in_range(&before);
-    let total = after.count - before.count;
-    eprintln!(
-        "pid {}: {waits} waits in (1 ms, 4 ms], {total} futex waits in all",
-        load.pid()
-    );
-    assert_eq!(waits, WAITS as f64);
-    assert_eq!(total, WAITS as f64, "no other futex waits in this process");
-    let mean = (after.sum - before.sum) / total;
-    assert!((0.002..0.004).contains(&mean), "mean wait {mean} s");
-    daemon.stop().expect("clean daemon exit");
+    let mut results = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let mut load = LoadProcess::spawn(
+            &pgio_load_bin().expect("pgio-load"),
+            ["futex-wait", &WAITS.to_string(), "2"],
+        )
+        .expect("spawn");
+        daemon.wait_tracked("test", "futex");
+        let before = daemon
+            .scrape()
+            .histogram("pgio_futex_wait_seconds", &labels)
+            .unwrap_or_default();
+        assert_eq!(load.expect_run(), WAITS);
+        let after = daemon
+            .scrape()
+            .histogram("pgio_futex_wait_seconds", &labels)
+            .expect("futex histogram of the test process");
+        let waits = in_range(&after) - in_range(&before);
+        let total = after.count - before.count;
+        let mean = (after.sum - before.sum) / total;
+        eprintln!(
+            "attempt {attempt}, pid {}: {waits} waits in (1 ms, 4 ms], {total} futex waits in all, mean {:.3} ms",
+            load.pid(),
+            mean * 1e3
+        );
+        // The count is pgio's to get right, every time.
+        assert_eq!(total, WAITS as f64, "no other futex waits in this process");
+        results.push(waits);
+        if waits == WAITS as f64 {
+            assert!((0.002..0.004).contains(&mean), "mean wait {mean} s");
+            daemon.stop().expect("clean daemon exit");
+            return;
+        }
+    }
+    panic!("never all {WAITS} waits in (1 ms, 4 ms] in {ATTEMPTS} attempts: {results:?}");
 }
