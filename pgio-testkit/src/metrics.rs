@@ -397,10 +397,16 @@ up 1
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
+            // The request may arrive in several segments: read up to the blank line.
+            let mut req = Vec::new();
             let mut buf = [0u8; 1024];
-            let n = conn.read(&mut buf).unwrap();
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).unwrap();
+                assert!(n > 0, "client closed before the end of its request");
+                req.extend_from_slice(&buf[..n]);
+            }
             assert!(
-                std::str::from_utf8(&buf[..n])
+                std::str::from_utf8(&req)
                     .unwrap()
                     .starts_with("GET /metrics HTTP/1.1\r\n")
             );
