@@ -17,46 +17,40 @@ pub fn stat_fields(stat: &str) -> Option<(char, u32)> {
     Some((state, ppid))
 }
 
-/// PIDs of live processes whose parent is `ppid`.
-pub fn processes_with_parent(ppid: u32) -> Vec<u32> {
+/// PIDs in /proc that satisfy `keep`, sorted.
+fn pids_where(keep: impl Fn(u32) -> bool) -> Vec<u32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     let mut pids: Vec<u32> = rd
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| stat_fields(&s))
-                .is_some_and(|(state, p)| p == ppid && state != 'Z')
-        })
+        .filter(|pid| keep(*pid))
         .collect();
     pids.sort_unstable();
     pids
 }
 
+/// PIDs of live processes whose parent is `ppid`.
+pub fn processes_with_parent(ppid: u32) -> Vec<u32> {
+    pids_where(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| stat_fields(&s))
+            .is_some_and(|(state, p)| p == ppid && state != 'Z')
+    })
+}
+
 /// PIDs of processes whose command line (args joined by spaces) contains `needle`,
 /// e.g. a data directory path to find a leftover postmaster.
 pub fn processes_with_cmdline_containing(needle: &str) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = rd
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(needle)
-                })
-                .unwrap_or(false)
+    pids_where(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .contains(needle)
         })
-        .collect();
-    pids.sort_unstable();
-    pids
+    })
 }
 
 #[cfg(test)]
