@@ -143,6 +143,7 @@ fn titles() -> Vec<ProcessInfo> {
                 cmdline,
                 exe: Some(format!("/usr/bin/{comm}")),
                 kthread: false,
+                ..Default::default()
             }
         })
         .collect()

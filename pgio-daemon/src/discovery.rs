@@ -57,14 +57,20 @@ pub fn lock(t: &SharedTracked) -> MutexGuard<'_, Tracked> {
 pub fn read_process(pid: u32) -> Option<ProcessInfo> {
     let p = procfs::process::Process::new(pid as i32).ok()?;
     let stat = p.stat().ok()?;
-    let cmdline = p.cmdline().ok().unwrap_or_default().join(" ");
+    let argv = p.cmdline().ok().unwrap_or_default();
     let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
-    Some(ProcessInfo {
+    let mut info = ProcessInfo {
         comm: stat.comm,
-        cmdline,
+        cmdline: argv.join(" "),
+        argv,
         exe,
+        cwd: None,
         kthread: stat.flags & PF_KTHREAD != 0,
-    })
+    };
+    if crate::classifier::postgres::is_postgres(&info) {
+        info.cwd = p.cwd().ok().map(|c| c.to_string_lossy().into_owned());
+    }
+    Some(info)
 }
 
 /// Reads and classifies every process in /proc (the start-up scan, and the periodic rescan).

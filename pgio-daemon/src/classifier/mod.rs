@@ -14,6 +14,11 @@ pub struct ProcessInfo {
     /// `/proc/<pid>/cmdline`, arguments joined by single spaces (Postgres overwrites argv with
     /// its process title, so this is the title).
     pub cmdline: String,
+    /// The same arguments, one per element (Longhorn's flags and subcommand).
+    pub argv: Vec<String>,
+    /// Target of `/proc/<pid>/cwd`; read for Postgres only (the postmaster and every child
+    /// run in the data directory).
+    pub cwd: Option<String>,
     /// Target of `/proc/<pid>/exe`, when readable.
     pub exe: Option<String>,
     /// PF_KTHREAD set in `/proc/<pid>/stat`.

@@ -115,6 +115,7 @@ mod tests {
             cmdline: cmdline.into(),
             exe: None,
             kthread: false,
+            ..Default::default()
         };
         classify(&p).expect("postgres")
     }
@@ -222,6 +223,7 @@ mod tests {
             cmdline: String::new(),
             exe: None,
             kthread: false,
+            ..Default::default()
         };
         assert!(classify(&p).is_none());
     }
@@ -233,6 +235,7 @@ mod tests {
             cmdline: "postgres: fake".into(),
             exe: Some("/bin/bash".into()),
             kthread: false,
+            ..Default::default()
         };
         assert!(classify(&p).is_none());
     }

@@ -40,6 +40,7 @@ mod tests {
             cmdline: cmdline.into(),
             exe: exe.map(Into::into),
             kthread: false,
+            ..Default::default()
         }
     }
 
