@@ -46,6 +46,7 @@ fn fixture(label_sets: u32) -> (Snapshot, Tracked) {
             database: format!("db_{}", i / 20),
             user: format!("user_{}", i % 20),
             cluster: "15/main".into(),
+            volume: String::new(),
         });
         tracked.pids.insert(10_000 + i, id);
         for cache in [Cache::Hit, Cache::Miss] {
@@ -140,6 +141,12 @@ fn titles() -> Vec<ProcessInfo> {
             };
             ProcessInfo {
                 comm: comm.into(),
+                // Postgres overwrites argv with its title: one element, as /proc shows it.
+                argv: if comm == "longhorn" {
+                    cmdline.split(' ').map(String::from).collect()
+                } else {
+                    vec![cmdline.clone()]
+                },
                 cmdline,
                 exe: Some(format!("/usr/bin/{comm}")),
                 kthread: false,

@@ -1,6 +1,10 @@
 //! Config file (TOML). Every field has a default, so no file at all is a working config.
 //! Errors name the file, the line and what was expected.
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use regex::Regex;
 use serde::Deserialize;
@@ -18,6 +22,13 @@ pub struct Config {
     /// Turn on `kernel.bpf_stats_enabled` while pgio runs, for per-program run time metrics
     /// (costs ~20 ns per program run).
     pub bpf_stats: bool,
+    /// Directory of Longhorn's volume device nodes, one block device per attached volume,
+    /// named after the volume (the PV name). Read at every scrape; a missing directory means
+    /// no volumes. Its devices' block series get `volume="<name>"`, and so does block IO of
+    /// Longhorn processes (replicas) on other devices: a block series' `volume` is the
+    /// device's volume when the device is one, else the submitting process' volume. Set to
+    /// `""` to turn the lookup off; in a container, point it at the host's `/dev/longhorn`.
+    pub longhorn_device_dir: String,
     /// User rules, checked before the built-in ones.
     #[serde(rename = "rule")]
     pub rules: Vec<RuleConfig>,
@@ -40,10 +51,13 @@ impl Default for Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 9435)),
             rescan_interval_secs: 10,
             bpf_stats: false,
+            longhorn_device_dir: DEFAULT_LONGHORN_DEVICE_DIR.to_owned(),
             rules: Vec::new(),
         }
     }
 }
+
+pub const DEFAULT_LONGHORN_DEVICE_DIR: &str = "/dev/longhorn";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -100,7 +114,21 @@ impl Config {
                 "rescan_interval_secs must be at least 1".into(),
             ));
         }
+        if !config.longhorn_device_dir.is_empty() && !config.longhorn_device_dir.starts_with('/') {
+            return Err(invalid(
+                key_offset(text, "longhorn_device_dir"),
+                format!(
+                    "longhorn_device_dir must be an absolute path (or \"\" to turn it off), not {:?}",
+                    config.longhorn_device_dir
+                ),
+            ));
+        }
         Ok(config)
+    }
+
+    /// The Longhorn device directory, None when turned off.
+    pub fn longhorn_device_dir(&self) -> Option<PathBuf> {
+        (!self.longhorn_device_dir.is_empty()).then(|| PathBuf::from(&self.longhorn_device_dir))
     }
 
     pub fn rescan_interval(&self) -> Duration {
@@ -126,6 +154,22 @@ impl Config {
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Offset of the line that sets top-level `key` (not a comment mentioning it).
+fn key_offset(text: &str, key: &str) -> usize {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let rest = line.trim_start();
+        if rest
+            .strip_prefix(key)
+            .is_some_and(|r| r.trim_start().starts_with('='))
+        {
+            return offset + (line.len() - rest.len());
+        }
+        offset += line.len();
+    }
+    0
 }
 
 fn find_rule_offset(text: &str, app: &str) -> usize {
@@ -188,6 +232,42 @@ mod tests {
             .expect_err("bad regex");
         let msg = e.to_string();
         assert!(msg.starts_with("c.toml:4: invalid regex"), "{msg}");
+    }
+
+    #[test]
+    fn longhorn_device_dir_default_set_and_off() {
+        let c = Config::parse("", "c.toml").expect("default");
+        assert_eq!(c.longhorn_device_dir, "/dev/longhorn");
+        assert_eq!(
+            c.longhorn_device_dir(),
+            Some(PathBuf::from("/dev/longhorn"))
+        );
+        let c =
+            Config::parse("longhorn_device_dir = \"/host/dev/longhorn\"\n", "c.toml").expect("set");
+        assert_eq!(
+            c.longhorn_device_dir(),
+            Some(PathBuf::from("/host/dev/longhorn"))
+        );
+        let c = Config::parse("longhorn_device_dir = \"\"\n", "c.toml").expect("off");
+        assert_eq!(c.longhorn_device_dir(), None);
+    }
+
+    #[test]
+    fn longhorn_device_dir_errors_name_their_line() {
+        let e = Config::parse(
+            "# longhorn_device_dir = \"/dev/longhorn\"\nbpf_stats = true\n  longhorn_device_dir = \"dev/longhorn\"\n",
+            "c.toml",
+        )
+        .expect_err("relative");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("c.toml:3: longhorn_device_dir must be an absolute path"),
+            "{msg}"
+        );
+        let e = Config::parse("\nlonghorn_device_dir = 3\n", "c.toml").expect_err("wrong type");
+        let msg = e.to_string();
+        assert!(msg.starts_with("c.toml:2: "), "{msg}");
+        assert!(msg.contains("string"), "{msg}");
     }
 
     #[test]

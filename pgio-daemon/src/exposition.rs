@@ -27,10 +27,10 @@ use tracing::warn;
 
 use crate::{
     block_io::{BlockIoReader, BlockIoSnapshot},
-    devices::DeviceNames,
+    devices::{DeviceNames, LonghornVolumes},
     discovery::{SharedTracked, Tracked, lock},
     hist::Log2Hist,
-    labels::{Labels, WithLabels},
+    labels::{BlockLabels, Labels, WithLabels},
     probes::ProbeStatus,
     syscall::{SyscallId, SyscallReader},
 };
@@ -44,6 +44,8 @@ pub struct PgioCollector {
     /// (program name, fd) for the per-program run time/count from /proc/self/fdinfo.
     pub program_fds: Vec<(String, RawFd)>,
     pub devices: Mutex<DeviceNames>,
+    /// Device → Longhorn volume, read again at every scrape.
+    pub volumes: Mutex<LonghornVolumes>,
 }
 
 impl fmt::Debug for PgioCollector {
@@ -58,7 +60,7 @@ const HELP_QUEUE: &str = "Block request queue time, insert to issue, for request
 const HELP_REQUESTS: &str = "Block requests completed, by submitting process series.";
 const HELP_BYTES: &str = "Bytes of block requests completed, by submitting process series.";
 const HELP_SYSCALL: &str = "IO syscall latency, enter to exit, per tracked process series; cache=miss when the calling thread submitted block IO during a read (seconds).";
-const HELP_FUTEX: &str = "futex waits (WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI; futex_waitv), enter to exit (seconds). In Go programs most of this is the runtime parking idle threads, not lock contention.";
+const HELP_FUTEX: &str = "futex waits (WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI; futex_waitv), enter to exit (seconds). Not IO. In Go programs such as the Longhorn engine and replicas most of this is the Go runtime parking idle threads (scheduler and sysmon sleeps), not waiting on replicas, IO or locks: it grows with idle threads, not with latency.";
 
 fn histograms<'a, L: EncodeLabelSet + 'a>(
     enc: &mut DescriptorEncoder,
@@ -106,6 +108,19 @@ fn gauges<L: EncodeLabelSet>(
     Ok(())
 }
 
+/// Fixed labels of an info metric; empty values are left out.
+struct NonEmpty<const N: usize>([(&'static str, String); N]);
+
+impl<const N: usize> EncodeLabelSet for NonEmpty<N> {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelSetEncoder) -> fmt::Result {
+        use prometheus_client::encoding::EncodeLabel;
+        for (k, v) in self.0.iter().filter(|(_, v)| !v.is_empty()) {
+            (*k, v.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
 /// `run_time_ns`, `run_cnt`, `recursion_misses` of one program.
 pub fn program_stats(fd: RawFd) -> Option<(u64, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
@@ -127,6 +142,8 @@ pub struct Snapshot {
     pub block: BlockIoSnapshot,
     pub syscalls: BTreeMap<SyscallId, Log2Hist>,
     pub dev_names: BTreeMap<u32, String>,
+    /// Longhorn volume of each device that is one (dev → volume).
+    pub dev_volumes: BTreeMap<u32, String>,
     pub probes: Vec<ProbeStatus>,
     pub drops: [u64; DROP_REASONS],
     /// (program, (run_time_ns, run_cnt, recursion_misses))
@@ -143,10 +160,17 @@ impl PgioCollector {
             warn!(error = format!("{e:#}"), "reading syscall map");
             BTreeMap::new()
         });
+        let mut volumes = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        volumes.refresh();
+        let dev_volumes: BTreeMap<u32, String> =
+            volumes.iter().map(|(d, v)| (d, v.to_owned())).collect();
+        drop(volumes);
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         let mut dev_names = BTreeMap::new();
-        for (_, dev, _) in block.device.keys().chain(block.queue.keys()) {
-            dev_names.entry(*dev).or_insert_with(|| devices.name(*dev));
+        // Longhorn devices are listed in pgio_device_info before their first IO.
+        let seen = block.device.keys().chain(block.queue.keys()).map(|k| k.1);
+        for dev in seen.chain(dev_volumes.keys().copied()) {
+            dev_names.entry(dev).or_insert_with(|| devices.name(dev));
         }
         drop(devices);
         let mut drops = [0; DROP_REASONS];
@@ -166,6 +190,7 @@ impl PgioCollector {
             block,
             syscalls,
             dev_names,
+            dev_volumes,
             probes: self.probes.clone(),
             drops,
             programs,
@@ -189,15 +214,13 @@ pub fn encode_snapshot(
     let (block, syscalls, dev_names) = (&snap.block, &snap.syscalls, &snap.dev_names);
     let other = Labels::app_role("other", "");
     let series = |id: u32| tracked.registry.labels(id).unwrap_or(&other);
-    let block_labels = |(s, dev, op): &(u32, u32, u8)| WithLabels {
+    // `volume` on block series: the device's Longhorn volume, else the submitter's (see
+    // `BlockLabels`).
+    let block_labels = |(s, dev, op): &(u32, u32, u8)| BlockLabels {
         series: series(*s),
-        extra: [
-            (
-                "device",
-                dev_names.get(dev).map(String::as_str).unwrap_or(""),
-            ),
-            ("op", BlockOp::from_u8(*op).name()),
-        ],
+        device: dev_names.get(dev).map(String::as_str).unwrap_or(""),
+        op: BlockOp::from_u8(*op).name(),
+        device_volume: snap.dev_volumes.get(dev).map(String::as_str),
     };
 
     histograms(
@@ -281,14 +304,18 @@ pub fn encode_snapshot(
     gauges(
         &mut enc,
         "pgio_device_info",
-        "Block devices seen by pgio: name and kernel major:minor (value is always 1).",
+        "Block devices seen by pgio, and Longhorn volume devices: name, kernel major:minor and the Longhorn volume it is, if any (value is always 1).",
         dev_names.iter().map(|(dev, name)| {
             let major = dev_major(*dev).to_string();
             let minor = dev_minor(*dev).to_string();
-            (
-                [("device", name.clone()), ("major", major), ("minor", minor)],
-                1,
-            )
+            let volume = snap.dev_volumes.get(dev).cloned().unwrap_or_default();
+            let labels = [
+                ("device", name.clone()),
+                ("major", major),
+                ("minor", minor),
+                ("volume", volume),
+            ];
+            (NonEmpty(labels), 1)
         }),
     )?;
 
@@ -423,6 +450,7 @@ mod tests {
             database: "we\"ird\nname\\ x".into(),
             user: "ü".into(),
             cluster: String::new(),
+            volume: String::new(),
         };
         let h = Log2Hist::default();
         let mut registry = Registry::default();
@@ -449,5 +477,180 @@ mod tests {
         assert!(text.contains(r#"database="we\"ird\nname\\ x""#), "{text}");
         // empty cluster is left out
         assert!(!text.contains("cluster="), "{text}");
+    }
+
+    struct Fixed(Snapshot, Tracked);
+
+    impl fmt::Debug for Fixed {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("Fixed")
+        }
+    }
+
+    impl Collector for Fixed {
+        fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
+            encode_snapshot(&self.0, &self.1, enc)
+        }
+    }
+
+    fn exposition(snap: Snapshot, tracked: Tracked) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Fixed(snap, tracked)));
+        prometheus_text(&openmetrics(&registry).expect("encode"))
+    }
+
+    /// Label names of a sample line, in order; panics on a malformed line.
+    fn label_names(line: &str) -> Vec<String> {
+        let Some(start) = line.find('{') else {
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        let mut rest = &line[start + 1..];
+        loop {
+            let (name, after) = rest.split_once("=\"").expect(line);
+            names.push(name.to_owned());
+            let mut chars = after.char_indices();
+            let end = loop {
+                match chars.next().expect(line) {
+                    (_, '\\') => {
+                        chars.next();
+                    }
+                    (i, '"') => break i,
+                    _ => {}
+                }
+            };
+            rest = &after[end + 1..];
+            if let Some(r) = rest.strip_prefix(',') {
+                rest = r;
+            } else {
+                assert!(rest.starts_with("} "), "{line}");
+                return names;
+            }
+        }
+    }
+
+    fn one_request() -> Log2Hist {
+        let mut h = Log2Hist::default();
+        h.add(
+            pgio_common::hist::slot(100_000),
+            &pgio_common::hist::Bucket {
+                count: 1,
+                sum: 100_000,
+                bytes: 4096,
+            },
+        );
+        h
+    }
+
+    /// A replica (volume pvc-a) reads its backing disk vda and, like a Postgres backend
+    /// (no volume), the Longhorn device sdb of volume pvc-b.
+    fn longhorn_fixture(replica_volume: &str, device_volume: &str) -> (Snapshot, Tracked) {
+        use pgio_common::block_io::mkdev;
+        let mut tracked = Tracked::default();
+        let replica = tracked.registry.intern(Labels {
+            volume: replica_volume.into(),
+            ..Labels::app_role("longhorn", "replica")
+        });
+        let backend = tracked
+            .registry
+            .intern(Labels::app_role("postgres", "client backend"));
+        let (vda, sdb) = (mkdev(253, 0), mkdev(8, 16));
+        let mut snap = Snapshot::default();
+        for (series, dev) in [(replica, vda), (replica, sdb), (backend, sdb)] {
+            let id = (series, dev, BlockOp::Read as u8);
+            snap.block.device.insert(id, one_request());
+            snap.block.queue.insert(id, one_request());
+        }
+        snap.dev_names.insert(vda, "vda".into());
+        snap.dev_names.insert(sdb, "sdb".into());
+        snap.dev_volumes.insert(sdb, device_volume.into());
+        (snap, tracked)
+    }
+
+    fn samples<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.starts_with(prefix) && !l.contains("_bucket{"))
+            .collect()
+    }
+
+    #[test]
+    fn block_series_volume_is_the_devices_else_the_submitters() {
+        let text = exposition_text_checked(longhorn_fixture("pvc-a", "pvc-b"));
+        for family in [
+            "pgio_block_io_device_seconds_count",
+            "pgio_block_io_queue_seconds_count",
+            "pgio_block_io_requests_total",
+            "pgio_block_io_bytes_total",
+        ] {
+            let lines = samples(&text, &format!("{family}{{"));
+            assert_eq!(
+                lines
+                    .iter()
+                    .map(|l| l.rsplit_once(' ').map(|s| s.0))
+                    .collect::<Vec<_>>(),
+                [
+                    Some(&*format!(
+                        "{family}{{device=\"sdb\",op=\"read\",app=\"longhorn\",role=\"replica\",volume=\"pvc-b\"}}"
+                    )),
+                    Some(&*format!(
+                        "{family}{{device=\"vda\",op=\"read\",app=\"longhorn\",role=\"replica\",volume=\"pvc-a\"}}"
+                    )),
+                    Some(&*format!(
+                        "{family}{{device=\"sdb\",op=\"read\",app=\"postgres\",role=\"client backend\",volume=\"pvc-b\"}}"
+                    )),
+                ],
+                "{text}"
+            );
+        }
+        let info = samples(&text, "pgio_device_info{");
+        assert_eq!(
+            info,
+            [
+                "pgio_device_info{device=\"sdb\",major=\"8\",minor=\"16\",volume=\"pvc-b\"} 1",
+                "pgio_device_info{device=\"vda\",major=\"253\",minor=\"0\"} 1",
+            ],
+            "{text}"
+        );
+    }
+
+    /// Encodes, and checks every line: a comment or a pgio sample whose label names are
+    /// unique.
+    fn exposition_text_checked((snap, tracked): (Snapshot, Tracked)) -> String {
+        let text = exposition(snap, tracked);
+        for line in text.lines() {
+            if line.starts_with("# ") {
+                continue;
+            }
+            assert!(line.starts_with("pgio_"), "{line}");
+            let names = label_names(line);
+            let mut unique = names.clone();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(names.len(), unique.len(), "duplicate label name: {line}");
+        }
+        text
+    }
+
+    #[test]
+    fn no_volume_anywhere_means_no_volume_label() {
+        let text = exposition_text_checked(longhorn_fixture("", ""));
+        assert!(!text.contains("volume="), "{text}");
+    }
+
+    #[test]
+    fn hostile_volume_names_stay_escaped_on_one_line() {
+        let hostile = "pvc-\"x\"\n# EOF\\ ü} 1";
+        let text = exposition_text_checked(longhorn_fixture(hostile, hostile));
+        let escaped = r#"volume="pvc-\"x\"\n# EOF\\ ü} 1""#;
+        // Every block sample (the replica's on vda too) and sdb's device_info carry it.
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("pgio_") && l.contains("device=\""))
+            .filter(|l| !l.starts_with("pgio_device_info{device=\"vda\""))
+            .collect();
+        assert!(lines.len() > 3 * 4, "{text}");
+        for line in lines {
+            assert!(line.contains(escaped), "{line}");
+        }
     }
 }

@@ -13,6 +13,8 @@ pub struct Labels {
     pub user: String,
     /// Postgres: cluster_name from the process title, else empty.
     pub cluster: String,
+    /// Longhorn: the volume (PV name) an engine, replica or sync agent serves.
+    pub volume: String,
 }
 
 impl Labels {
@@ -27,12 +29,21 @@ impl Labels {
     /// Pairs in exposition order; empty values are left out (Prometheus treats an empty label
     /// as absent, so writing it only costs bytes).
     pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.pairs_with_volume(&self.volume)
+    }
+
+    /// The same with `volume` replaced (block series: the device's volume wins).
+    pub fn pairs_with_volume<'a>(
+        &'a self,
+        volume: &'a str,
+    ) -> impl Iterator<Item = (&'static str, &'a str)> {
         [
             ("app", self.app.as_str()),
             ("role", self.role.as_str()),
             ("database", self.database.as_str()),
             ("user", self.user.as_str()),
             ("cluster", self.cluster.as_str()),
+            ("volume", volume),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
@@ -68,5 +79,92 @@ impl<const N: usize> EncodeLabelSet for WithLabels<'_, N> {
             }
         }
         self.series.encode(encoder)
+    }
+}
+
+/// Labels of a block series (`pgio_block_io_*`): `device`, `op`, then the submitting process'
+/// series labels, with one rule for `volume` so that no label name appears twice:
+///
+/// - the device's volume when the device is a Longhorn volume (`/dev/longhorn/<volume>` has
+///   its major:minor), whoever submitted the request;
+/// - else the submitting process' volume (a Longhorn replica's IO on its backing disk carries
+///   the replica's volume: with the engine's device above it, one volume's whole stack);
+/// - else none.
+pub struct BlockLabels<'a> {
+    pub series: &'a Labels,
+    pub device: &'a str,
+    pub op: &'a str,
+    /// The device's Longhorn volume, if it is one.
+    pub device_volume: Option<&'a str>,
+}
+
+impl BlockLabels<'_> {
+    /// The `volume` value this series is exported with (empty: no label).
+    pub fn volume(&self) -> &str {
+        self.device_volume
+            .filter(|v| !v.is_empty())
+            .unwrap_or(&self.series.volume)
+    }
+}
+
+impl EncodeLabelSet for BlockLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        for pair in [("device", self.device), ("op", self.op)] {
+            if !pair.1.is_empty() {
+                pair.encode(encoder.encode_label())?;
+            }
+        }
+        for pair in self.series.pairs_with_volume(self.volume()) {
+            pair.encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(it: impl Iterator<Item = (&'static str, impl AsRef<str>)>) -> Vec<&'static str> {
+        it.map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn volume_comes_after_cluster_and_empty_is_left_out() {
+        let mut l = Labels::app_role("longhorn", "replica");
+        assert_eq!(names(l.pairs()), ["app", "role"]);
+        l.volume = "pvc-a".into();
+        l.cluster = "c".into();
+        assert_eq!(names(l.pairs()), ["app", "role", "cluster", "volume"]);
+    }
+
+    #[test]
+    fn block_volume_is_the_devices_else_the_submitters() {
+        let replica = Labels {
+            volume: "pvc-a".into(),
+            ..Labels::app_role("longhorn", "replica")
+        };
+        let backend = Labels::app_role("postgres", "client backend");
+        let block = |series, device_volume| BlockLabels {
+            series,
+            device: "sdb",
+            op: "read",
+            device_volume,
+        };
+        assert_eq!(block(&replica, Some("pvc-b")).volume(), "pvc-b");
+        assert_eq!(block(&replica, None).volume(), "pvc-a");
+        assert_eq!(block(&replica, Some("")).volume(), "pvc-a");
+        assert_eq!(block(&backend, Some("pvc-b")).volume(), "pvc-b");
+        assert_eq!(block(&backend, None).volume(), "");
+        let b = block(&replica, Some("pvc-b"));
+        let pairs: Vec<_> = b.series.pairs_with_volume(b.volume()).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("app", "longhorn"),
+                ("role", "replica"),
+                ("volume", "pvc-b")
+            ]
+        );
     }
 }

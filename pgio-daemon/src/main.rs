@@ -15,6 +15,7 @@ use pgio_daemon::{
     block_io, check,
     classifier::Classifier,
     config::Config,
+    devices::LonghornVolumes,
     discovery::{self, Discovery, SharedTracked},
     exposition::{self, PgioCollector},
     http, probes, syscall, tracefs,
@@ -235,6 +236,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         probes: probes.status.clone(),
         program_fds,
         devices: Mutex::default(),
+        volumes: Mutex::new(LonghornVolumes::new(config.longhorn_device_dir())),
     };
     let registry = Arc::new(exposition::registry(collector));
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));

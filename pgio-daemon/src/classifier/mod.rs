@@ -1,6 +1,7 @@
 //! Process → labels. User rules from the config come first, then the built-in rules
-//! (PostgreSQL by process title, kernel threads by name). `None` = not tracked.
+//! (PostgreSQL by process title, Longhorn by argv, kernel threads by name). `None` = not tracked.
 pub mod kernel;
+pub mod longhorn;
 pub mod postgres;
 pub mod rules;
 
@@ -41,6 +42,6 @@ impl Classifier {
         if p.kthread {
             return Some(kernel::classify(&p.comm));
         }
-        postgres::classify(p)
+        postgres::classify(p).or_else(|| longhorn::classify(p))
     }
 }
