@@ -17,6 +17,10 @@ pub const SERIES_UNTRACKED: u32 = 0;
 /// loader shrinks it to this node's `/proc/sys/kernel/pid_max`.
 pub const PID_MAX_LIMIT: u32 = 1 << 22;
 
+/// Size of the `series → series of its new children` array: series ids beyond it have none
+/// (their children inherit the parent's own series).
+pub const CHILD_SERIES_MAX: u32 = 1 << 16;
+
 /// Counters of events the kernel side could not record, indexed by [`Drop`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

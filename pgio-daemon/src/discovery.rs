@@ -27,14 +27,24 @@ use crate::{
     series::SeriesRegistry,
 };
 
-/// After a fork: when to look at the child's title again.
-const RECLASSIFY_AFTER: [Duration; 6] = [
+/// After a fork: the pauses between looks at the child's title, until it is settled. Dense
+/// at first: a new backend sets its title within about a millisecond and reads right after;
+/// tokio's timer cannot wait less than 1 ms.
+const RECLASSIFY_AFTER: [Duration; 14] = [
+    Duration::ZERO,
     Duration::from_millis(1),
-    Duration::from_millis(5),
+    Duration::from_millis(1),
+    Duration::from_millis(1),
+    Duration::from_millis(1),
+    Duration::from_millis(2),
+    Duration::from_millis(2),
+    Duration::from_millis(4),
+    Duration::from_millis(4),
+    Duration::from_millis(10),
     Duration::from_millis(25),
-    Duration::from_millis(100),
-    Duration::from_millis(500),
-    Duration::from_secs(2),
+    Duration::from_millis(50),
+    Duration::from_millis(400),
+    Duration::from_millis(1500),
 ];
 
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -57,40 +67,59 @@ pub fn lock(t: &SharedTracked) -> MutexGuard<'_, Tracked> {
 pub fn read_process(pid: u32) -> Option<ProcessInfo> {
     let p = procfs::process::Process::new(pid as i32).ok()?;
     let stat = p.stat().ok()?;
+    let ppid = stat.ppid;
     let argv = p.cmdline().ok().unwrap_or_default();
     let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
     let mut info = ProcessInfo {
+        pid,
         comm: stat.comm,
         cmdline: argv.join(" "),
         argv,
         exe,
         cwd: None,
+        parent_comm: None,
         kthread: stat.flags & PF_KTHREAD != 0,
     };
     if crate::classifier::postgres::is_postgres(&info) {
         info.cwd = p.cwd().ok().map(|c| c.to_string_lossy().into_owned());
+        info.parent_comm = procfs::process::Process::new(ppid)
+            .and_then(|parent| parent.stat())
+            .ok()
+            .map(|s| s.comm);
     }
     Some(info)
 }
 
 /// Reads and classifies every process in /proc (the start-up scan, and the periodic rescan).
 pub fn classify_all(classifier: &Classifier) -> Result<Vec<(u32, Option<Labels>)>> {
-    let mut out = Vec::new();
+    let mut pids = Vec::new();
     for p in procfs::process::all_processes().context("listing /proc")? {
         let Ok(p) = p else { continue };
-        let pid = p.pid as u32;
-        out.push((
-            pid,
-            read_process(pid).and_then(|info| classifier.classify(&info)),
-        ));
+        pids.push(p.pid as u32);
     }
-    Ok(out)
+    Ok(classify_pids(classifier, &pids))
+}
+
+/// Reads all processes first and lets the classifier learn from all of them (a postmaster's
+/// cluster name is only in its children's titles), then classifies each.
+pub fn classify_pids(classifier: &Classifier, pids: &[u32]) -> Vec<(u32, Option<Labels>)> {
+    let infos: Vec<(u32, Option<ProcessInfo>)> =
+        pids.iter().map(|&pid| (pid, read_process(pid))).collect();
+    for info in infos.iter().filter_map(|(_, i)| i.as_ref()) {
+        classifier.learn(info);
+    }
+    infos
+        .into_iter()
+        .map(|(pid, info)| (pid, info.and_then(|i| classifier.classify(&i))))
+        .collect()
 }
 
 pub struct Discovery {
     classifier: Classifier,
     shared: SharedTracked,
     kernel_map: Array<MapData, u32>,
+    /// The kernel's `CHILD_SERIES`: series → provisional series of its children.
+    child_map: Array<MapData, u32>,
     pending: BinaryHeap<Reverse<(Instant, u32, usize)>>,
     self_pid: u32,
 }
@@ -100,11 +129,13 @@ impl Discovery {
         classifier: Classifier,
         shared: SharedTracked,
         kernel_map: Array<MapData, u32>,
+        child_map: Array<MapData, u32>,
     ) -> Discovery {
         Discovery {
             classifier,
             shared,
             kernel_map,
+            child_map,
             pending: BinaryHeap::new(),
             self_pid: std::process::id(),
         }
@@ -137,24 +168,70 @@ impl Discovery {
         Ok(())
     }
 
-    fn classify_now(&mut self, pid: u32) {
+    /// Returns whether the process's labels are final (nothing left to learn from a later
+    /// look at its title).
+    fn classify_now(&mut self, pid: u32) -> bool {
         if pid == self.self_pid {
-            return;
+            return true;
         }
         match read_process(pid) {
             Some(info) => {
-                let labels = self.classifier.classify(&info);
-                match labels {
-                    Some(labels) => self.track(pid, labels),
-                    None => self.untrack(pid),
+                if let Some(dir) = self.classifier.learn(&info) {
+                    self.relabel_cluster(&dir);
+                }
+                match self.classifier.classify(&info) {
+                    Some(labels) => {
+                        let settled = Classifier::settled(&labels);
+                        self.track(pid, labels);
+                        settled
+                    }
+                    None => {
+                        self.untrack(pid);
+                        true
+                    }
                 }
             }
-            None => self.untrack(pid),
+            None => {
+                self.untrack(pid);
+                true
+            }
+        }
+    }
+
+    /// A cluster's label just changed (its first auxiliary process told its cluster_name):
+    /// classify again what was labelled with its data directory, i.e. the postmaster.
+    fn relabel_cluster(&mut self, dir: &str) {
+        let pids: Vec<u32> = {
+            let shared = lock(&self.shared);
+            shared
+                .pids
+                .iter()
+                .filter(|(_, id)| {
+                    shared
+                        .registry
+                        .labels(**id)
+                        .is_some_and(|l| l.app == "postgres" && l.cluster == dir)
+                })
+                .map(|(pid, _)| *pid)
+                .collect()
+        };
+        for pid in pids {
+            if let Some(labels) = read_process(pid).and_then(|i| self.classifier.classify(&i)) {
+                self.track(pid, labels);
+            }
         }
     }
 
     fn track(&mut self, pid: u32, labels: Labels) {
         let mut shared = lock(&self.shared);
+        if let Some(child) = Classifier::child_labels(&labels) {
+            let (parent, child) = (
+                shared.registry.intern(labels.clone()),
+                shared.registry.intern(child),
+            );
+            // Ids past the array's end just keep inheriting the parent's series.
+            let _ = self.child_map.set(parent, child, 0);
+        }
         let id = shared.registry.intern(labels);
         if shared.pids.get(&pid) == Some(&id) {
             return;
@@ -176,7 +253,9 @@ impl Discovery {
 
     fn handle(&mut self, ev: LifecycleEvent) {
         match LifecycleKind::from_u32(ev.kind) {
-            Some(LifecycleKind::Exec) => self.classify_now(ev.pid),
+            Some(LifecycleKind::Exec) => {
+                self.classify_now(ev.pid);
+            }
             Some(LifecycleKind::Fork) => {
                 lock(&self.shared).pids.insert(ev.pid, ev.series);
                 self.schedule(ev.pid, 0);
@@ -202,8 +281,7 @@ impl Discovery {
                 break;
             }
             self.pending.pop();
-            if lock(&self.shared).pids.contains_key(&pid) {
-                self.classify_now(pid);
+            if lock(&self.shared).pids.contains_key(&pid) && !self.classify_now(pid) {
                 self.schedule(pid, attempt + 1);
             }
         }

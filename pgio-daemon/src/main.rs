@@ -207,6 +207,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
             .with_context(|| format!("map {name} missing from the eBPF object"))
     };
     let tracked_map: Array<_, u32> = take(ebpf, "TRACKED")?.try_into()?;
+    let child_series_map: Array<_, u32> = take(ebpf, "CHILD_SERIES")?.try_into()?;
     let ring: RingBuf<_> = take(ebpf, "LIFECYCLE")?.try_into()?;
     let block_hist: PerCpuHashMap<_, _, _> = take(ebpf, "BLOCK_IO_HIST")?.try_into()?;
     let syscall_hist: PerCpuHashMap<_, _, _> = take(ebpf, "SYSCALL_HIST")?.try_into()?;
@@ -221,6 +222,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         Classifier::new(config.compiled_rules()),
         shared.clone(),
         tracked_map,
+        child_series_map,
     );
     discovery.scan_all()?;
     info!(

@@ -5,7 +5,8 @@
 //! processes there are an archiver, a walsender, a parallel worker and on 17+ a WAL summarizer. For every process in
 //! `pg_stat_activity`, `classify(read_process(pid))` must give app `postgres`, role =
 //! `backend_type`, for client backends user/database = usename/datname, and cluster =
-//! `cluster_name` (or ""); the postmaster must be role `postmaster`. No eBPF daemon involved.
+//! `cluster_name` (or the canonical data directory); the postmaster must be role `postmaster`
+//! with the same cluster. No eBPF daemon involved.
 //!
 //! Each run prints, per version and setting, the titles seen in /proc/<pid>/cmdline and what
 //! they classify as.
@@ -13,7 +14,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pgio_daemon::classifier::postgres::classify;
+use pgio_daemon::classifier::Classifier;
 use pgio_daemon::discovery::read_process;
 use pgio_daemon::labels::Labels;
 use pgio_testkit::{
@@ -195,6 +196,21 @@ fn check_cluster(
     };
 
     let postmaster = pg.postmaster_pid()?;
+    // As the daemon does: learn from every process first (the postmaster's cluster name is
+    // only in its children's titles).
+    let classifier = Classifier::new(Vec::new());
+    for pid in processes_with_parent(postmaster) {
+        if let Some(info) = read_process(pid) {
+            classifier.learn(&info);
+        }
+    }
+    let classify = |info: &pgio_daemon::classifier::ProcessInfo| classifier.classify(info);
+    let want_cluster = match variant.cluster() {
+        "" => std::fs::canonicalize(pg.data_dir())?
+            .to_string_lossy()
+            .into_owned(),
+        name => name.to_owned(),
+    };
     match read_process(postmaster).as_ref().and_then(classify) {
         Some(l) => {
             let title = read_process(postmaster)
@@ -202,7 +218,7 @@ fn check_cluster(
                 .unwrap_or_default();
             line(&mut table, postmaster, "(postmaster)", &shorten(&title), &l);
             if (l.app.as_str(), l.role.as_str(), l.cluster.as_str())
-                != ("postgres", "postmaster", "")
+                != ("postgres", "postmaster", want_cluster.as_str())
             {
                 bad.push(format!(
                     "postmaster {postmaster} {title:?} classified as {l:?}"
@@ -232,7 +248,7 @@ fn check_cluster(
         let mut want = l.clone();
         want.app = "postgres".into();
         want.role = r.backend_type.clone();
-        want.cluster = variant.cluster().into();
+        want.cluster = want_cluster.clone();
         if r.backend_type == "client backend" {
             want.user = r.user.clone();
             want.database = r.database.clone();
@@ -262,7 +278,7 @@ fn check_cluster(
         match classify(&info) {
             Some(l) => {
                 line(&mut table, pid, "(not in pg_stat_activity)", &title, &l);
-                if l.role == "other" || l.cluster != variant.cluster() {
+                if l.role == "other" || l.cluster != want_cluster {
                     bad.push(format!("child {pid} {title} classified as {l:?}"));
                 }
             }

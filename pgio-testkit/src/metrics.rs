@@ -221,6 +221,11 @@ fn parse_value(s: &str) -> Result<f64> {
 /// Minimal HTTP/1.1 GET (`Connection: close`); handles Content-Length and chunked bodies.
 /// Fails unless the status is 200.
 pub fn http_get(url: &str, timeout: Duration) -> Result<String> {
+    http_get_accept(url, "text/plain", timeout)
+}
+
+/// `http_get` with this `Accept` header (e.g. OpenMetrics).
+pub fn http_get_accept(url: &str, accept: &str, timeout: Duration) -> Result<String> {
     let rest = url
         .strip_prefix("http://")
         .with_context(|| format!("only http:// URLs are supported: {url}"))?;
@@ -244,7 +249,7 @@ pub fn http_get(url: &str, timeout: Duration) -> Result<String> {
     stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
     )
     .with_context(|| format!("sending request to {url}"))?;
     let mut raw = Vec::new();

@@ -58,7 +58,7 @@ fn pypi_version(major: u32) -> Result<&'static str> {
 }
 
 /// `$PGIO_PG_DIST`, else `<target>/pg-dist` for the target dir holding the running executable.
-fn dist_root() -> Result<PathBuf> {
+pub(crate) fn dist_root() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(PG_DIST_ENV) {
         return Ok(PathBuf::from(p));
     }
@@ -159,7 +159,7 @@ fn python() -> String {
 }
 
 /// Creates `dir` (and missing parents) with mode 0755.
-fn make_dir(dir: &Path) -> Result<()> {
+pub(crate) fn make_dir(dir: &Path) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -167,7 +167,7 @@ fn make_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("creating {}", dir.display()))
 }
 
-fn remove_if_exists(path: &Path) -> Result<()> {
+pub(crate) fn remove_if_exists(path: &Path) -> Result<()> {
     match fs::remove_dir_all(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(e).with_context(|| format!("removing {}", path.display()))
@@ -177,7 +177,7 @@ fn remove_if_exists(path: &Path) -> Result<()> {
 }
 
 /// The only entry of `dir` whose name satisfies `pred`.
-fn find_file(dir: &Path, pred: impl Fn(&str) -> bool) -> Result<PathBuf> {
+pub(crate) fn find_file(dir: &Path, pred: impl Fn(&str) -> bool) -> Result<PathBuf> {
     let mut found = Vec::new();
     for e in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let e = e?;
@@ -193,7 +193,7 @@ fn find_file(dir: &Path, pred: impl Fn(&str) -> bool) -> Result<PathBuf> {
 
 /// An exclusive `flock` on `path`, released when the file is dropped. Blocks while another
 /// thread or process holds it (flock locks belong to the open file, not the process).
-fn lock(path: &Path) -> Result<File> {
+pub(crate) fn lock(path: &Path) -> Result<File> {
     let f = File::options()
         .create(true)
         .truncate(false)

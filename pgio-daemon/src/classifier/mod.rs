@@ -2,6 +2,7 @@
 //! (PostgreSQL by process title, Longhorn by argv, kernel threads by name). `None` = not tracked.
 pub mod kernel;
 pub mod longhorn;
+pub mod pg_catalog;
 pub mod postgres;
 pub mod rules;
 
@@ -10,6 +11,7 @@ use crate::labels::Labels;
 /// What the classifier looks at, read from /proc.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessInfo {
+    pub pid: u32,
     /// `/proc/<pid>/comm` (15 bytes at most).
     pub comm: String,
     /// `/proc/<pid>/cmdline`, arguments joined by single spaces (Postgres overwrites argv with
@@ -20,6 +22,9 @@ pub struct ProcessInfo {
     /// Target of `/proc/<pid>/cwd`; read for Postgres only (the postmaster and every child
     /// run in the data directory).
     pub cwd: Option<String>,
+    /// `comm` of the parent; read for Postgres only (a postmaster's freshly forked child
+    /// still has the postmaster's command line).
+    pub parent_comm: Option<String>,
     /// Target of `/proc/<pid>/exe`, when readable.
     pub exe: Option<String>,
     /// PF_KTHREAD set in `/proc/<pid>/stat`.
@@ -28,11 +33,15 @@ pub struct ProcessInfo {
 
 pub struct Classifier {
     rules: Vec<rules::Rule>,
+    postgres: postgres::Clusters,
 }
 
 impl Classifier {
     pub fn new(rules: Vec<rules::Rule>) -> Classifier {
-        Classifier { rules }
+        Classifier {
+            rules,
+            postgres: postgres::Clusters::default(),
+        }
     }
 
     pub fn classify(&self, p: &ProcessInfo) -> Option<Labels> {
@@ -42,6 +51,28 @@ impl Classifier {
         if p.kthread {
             return Some(kernel::classify(&p.comm));
         }
-        postgres::classify(p).or_else(|| longhorn::classify(p))
+        self.postgres.classify(p).or_else(|| longhorn::classify(p))
+    }
+
+    /// Labels for the children of a process labelled `parent` until they are classified
+    /// themselves; `None`: they inherit the parent's.
+    pub fn child_labels(parent: &Labels) -> Option<Labels> {
+        (parent.app == "postgres")
+            .then(|| postgres::child_labels(parent))
+            .flatten()
+    }
+
+    /// Whether a process with these labels can still change them by retitling itself (so a
+    /// freshly forked one is worth looking at again).
+    pub fn settled(labels: &Labels) -> bool {
+        labels.app != "postgres" || postgres::settled(labels)
+    }
+
+    /// Learns what `p` tells about its Postgres cluster (its `cluster_name`, from the title
+    /// prefix). Returns the data directory whose cluster label changed, if any: processes
+    /// classified earlier under that directory (the postmaster, which has no title prefix)
+    /// need classifying again.
+    pub fn learn(&self, p: &ProcessInfo) -> Option<String> {
+        self.postgres.learn(p)
     }
 }

@@ -1,7 +1,11 @@
 //! PostgreSQL processes by title. Every process has comm `postgres`; the backend type is in
 //! the title Postgres writes over argv: `postgres: [cluster_name: ]<title>`. The postmaster
 //! keeps its real command line.
-use super::ProcessInfo;
+use std::{collections::HashMap, sync::Mutex};
+
+use tracing::debug;
+
+use super::{ProcessInfo, pg_catalog};
 use crate::labels::Labels;
 
 /// Auxiliary titles, longest prefix first where one is the prefix of another, with the
@@ -38,34 +42,121 @@ pub fn is_postgres(p: &ProcessInfo) -> bool {
             .is_some_and(|b| b == "postgres")
 }
 
-pub fn classify(p: &ProcessInfo) -> Option<Labels> {
-    // An exiting process has already lost its command line: nothing to tell from it (a live
-    // postmaster always has one).
-    if !is_postgres(p) || p.cmdline.is_empty() {
-        return None;
-    }
-    let mut labels = Labels::app_role("postgres", "");
-    let Some(title) = p.cmdline.strip_prefix("postgres: ") else {
-        labels.role = "postmaster".into();
-        return Some(labels);
-    };
-    let title = title.trim();
-    let (cluster, rest) = split_cluster(title);
-    labels.cluster = cluster.to_owned();
-    parse_title(rest, &mut labels);
-    Some(labels)
+/// What pgio knows per cluster, keyed by data directory (every Postgres process runs in it).
+#[derive(Default, Debug)]
+pub struct Clusters {
+    /// Data directory → its `cluster_name` (`None`: the cluster has none), learned from the
+    /// titles of auxiliary processes, which are unambiguous.
+    names: Mutex<HashMap<String, Option<String>>>,
 }
 
-/// `cluster_name` prefix (`15/main: checkpointer`). A title that already starts with a known
-/// type has none; otherwise the prefix is everything up to the first `": "`.
-fn split_cluster(title: &str) -> (&str, &str) {
+impl Clusters {
+    pub fn classify(&self, p: &ProcessInfo) -> Option<Labels> {
+        // An exiting process has already lost its command line: nothing to tell from it (a live
+        // postmaster always has one).
+        if !is_postgres(p) || p.cmdline.is_empty() {
+            return None;
+        }
+        let known = p.cwd.as_ref().and_then(|d| self.known(d));
+        let mut labels = Labels::app_role("postgres", "");
+        let Some(title) = p.cmdline.strip_prefix("postgres: ") else {
+            // A forked child keeps the postmaster's command line until it sets its title.
+            labels.role = if p.parent_comm.as_deref() == Some("postgres") {
+                STARTING
+            } else {
+                "postmaster"
+            }
+            .into();
+            labels.cluster = cluster_label(known.flatten(), p);
+            return Some(labels);
+        };
+        let (prefix, rest) = match &known {
+            Some(Some(name)) => match title.strip_prefix(name.as_str()) {
+                Some(r) if r.starts_with(": ") => (Some(name.clone()), &r[2..]),
+                _ => split_cluster(title),
+            },
+            Some(None) => (None, title),
+            None => split_cluster(title),
+        };
+        labels.cluster = cluster_label(prefix, p);
+        parse_title(rest.trim(), &mut labels, p);
+        Some(labels)
+    }
+
+    /// Records whether `p`'s cluster has a `cluster_name`, if `p` is an auxiliary process.
+    /// Returns the data directory when that changed what its processes are labelled with.
+    pub fn learn(&self, p: &ProcessInfo) -> Option<String> {
+        if !is_postgres(p) {
+            return None;
+        }
+        let dir = p.cwd.as_ref()?;
+        let title = p.cmdline.strip_prefix("postgres: ")?.trim();
+        let name = if starts_with_aux(title).is_some() {
+            None
+        } else {
+            let (prefix, _) = split_at_aux(title)?;
+            Some(prefix.to_owned())
+        };
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        if names.get(dir) == Some(&name) {
+            return None;
+        }
+        names.insert(dir.clone(), name);
+        Some(dir.clone())
+    }
+
+    fn known(&self, dir: &str) -> Option<Option<String>> {
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names.get(dir).cloned()
+    }
+}
+
+/// Role of a process the postmaster forked that has not set its title yet (it still shows
+/// the postmaster's command line), and of every child of the postmaster until pgio has read
+/// its title.
+pub const STARTING: &str = "starting";
+
+/// A postmaster's children start in a provisional series of its cluster.
+pub fn child_labels(parent: &Labels) -> Option<Labels> {
+    (parent.role == "postmaster").then(|| Labels {
+        app: parent.app.clone(),
+        role: STARTING.into(),
+        cluster: parent.cluster.clone(),
+        ..Labels::default()
+    })
+}
+
+/// A client backend's title only changes its state from here on; other processes may still
+/// add something (an autovacuum worker its database, a background worker its name).
+pub fn settled(labels: &Labels) -> bool {
+    labels.role == "client backend"
+}
+
+/// `cluster_name` if the cluster has one, else its data directory (so two clusters on a node
+/// stay apart without configuration).
+fn cluster_label(name: Option<String>, p: &ProcessInfo) -> String {
+    name.or_else(|| p.cwd.clone()).unwrap_or_default()
+}
+
+/// `cluster_name` prefix (`15/main: checkpointer`) when nothing is known about the cluster
+/// yet. A title that already starts with a known type has none; otherwise the prefix is
+/// everything up to the first `": "`.
+fn split_cluster(title: &str) -> (Option<String>, &str) {
     if starts_with_aux(title).is_some() {
-        return ("", title);
+        return (None, title);
     }
     match title.split_once(": ") {
-        Some((cluster, rest)) if !cluster.is_empty() => (cluster, rest),
-        _ => ("", title),
+        Some((cluster, rest)) if !cluster.is_empty() => (Some(cluster.to_owned()), rest),
+        _ => (None, title),
     }
+}
+
+/// `<cluster_name>: <auxiliary title>`, for any cluster name (it may contain `": "` itself).
+fn split_at_aux(title: &str) -> Option<(&str, &str)> {
+    title.match_indices(": ").find_map(|(i, _)| {
+        let rest = &title[i + 2..];
+        (i > 0 && starts_with_aux(rest).is_some()).then_some((&title[..i], rest))
+    })
 }
 
 fn starts_with_aux(title: &str) -> Option<(&'static str, &str)> {
@@ -75,7 +166,7 @@ fn starts_with_aux(title: &str) -> Option<(&'static str, &str)> {
     })
 }
 
-fn parse_title(title: &str, labels: &mut Labels) {
+fn parse_title(title: &str, labels: &mut Labels, p: &ProcessInfo) {
     if let Some((role, rest)) = starts_with_aux(title) {
         labels.role = role.into();
         if role == "autovacuum worker" {
@@ -84,25 +175,65 @@ fn parse_title(title: &str, labels: &mut Labels) {
         }
         return;
     }
-    // Client backend: `user database host[(port)] [state]`. With update_process_title=off
-    // the state is missing; the host field is what tells it from an unknown worker.
-    let mut tokens = title.split(' ');
-    if let (Some(user), Some(db), Some(host)) = (tokens.next(), tokens.next(), tokens.next())
-        && looks_like_host(host)
-    {
-        labels.role = "client backend".into();
-        labels.user = user.to_owned();
-        labels.database = db.to_owned();
+    // Client backend: `<user> <database> <host>[(<port>)] [<state>]`. With
+    // update_process_title=off the state is missing; the host field is what tells it from an
+    // unknown worker. Names may contain spaces, even `[local]`: take the last host-looking
+    // field that is followed by nothing but a state.
+    let fields: Vec<&str> = title.split(' ').collect();
+    let host_at = (2..fields.len())
+        .rev()
+        .find(|&i| is_host(fields[i]) && fields[i + 1..].iter().all(is_state_word));
+    let Some(host_at) = host_at else {
+        labels.role = "other".into();
         return;
-    }
-    labels.role = "other".into();
+    };
+    labels.role = "client backend".into();
+    let names = &fields[..host_at];
+    let (user, database) = if names.len() == 2 {
+        (names[0].to_owned(), names[1].to_owned())
+    } else {
+        split_names(names, p)
+    };
+    labels.user = user;
+    labels.database = database;
 }
 
-fn looks_like_host(h: &str) -> bool {
-    h == "[local]"
-        || h.contains('(')
-        || h.parse::<std::net::IpAddr>().is_ok()
-        || (h.contains('.') && !h.contains('/'))
+/// `user database` when either contains a space: the split both catalogs agree with. Without
+/// one (catalogs unreadable, or names created after the last checkpoint) the user is taken to
+/// be the first word.
+fn split_names(names: &[&str], p: &ProcessInfo) -> (String, String) {
+    let candidates = |catalog: &pg_catalog::CatalogNames| {
+        (1..names.len())
+            .map(|i| (names[..i].join(" "), names[i..].join(" ")))
+            .filter(|(u, d)| catalog.roles.contains(u) && catalog.databases.contains(d))
+            .collect::<Vec<_>>()
+    };
+    let dir = std::path::PathBuf::from(format!("/proc/{}/cwd", p.pid));
+    match pg_catalog::read(&dir).map(|c| candidates(&c)) {
+        Ok(mut found) if found.len() == 1 => found.swap_remove(0),
+        outcome => {
+            debug!(pid = p.pid, ?outcome, "cannot split a client backend title");
+            (names[0].to_owned(), names[1..].join(" "))
+        }
+    }
+}
+
+/// `[local]`, or a client address with its port: `10.0.0.7(53412)`, `::1(40000)`, a host
+/// name with `log_hostname`.
+fn is_host(f: &str) -> bool {
+    f == "[local]"
+        || f.strip_suffix(')')
+            .and_then(|s| s.rsplit_once('('))
+            .is_some_and(|(host, port)| {
+                !host.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+            })
+}
+
+/// Words of a backend state or command tag: `idle in transaction (aborted)`, `SELECT`,
+/// `CREATE INDEX`, `waiting`.
+fn is_state_word(f: &&str) -> bool {
+    f.bytes()
+        .all(|b| b.is_ascii_alphabetic() || matches!(b, b'(' | b')' | b'_' | b'?'))
 }
 
 #[cfg(test)]
@@ -117,7 +248,7 @@ mod tests {
             kthread: false,
             ..Default::default()
         };
-        classify(&p).expect("postgres")
+        Clusters::default().classify(&p).expect("postgres")
     }
 
     #[test]
@@ -207,6 +338,86 @@ mod tests {
         assert_eq!(l.role, "client backend");
     }
 
+    fn in_dir(pid: u32, cmdline: &str, dir: &str) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            comm: "postgres".into(),
+            cmdline: cmdline.into(),
+            cwd: Some(dir.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cluster_is_cluster_name_else_data_directory() {
+        let c = Clusters::default();
+        let pm = in_dir(1, "/usr/lib/postgresql/15/bin/postgres -D /srv/a", "/srv/a");
+        let ckpt = in_dir(2, "postgres: checkpointer ", "/srv/a");
+        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("/srv/a".into()));
+        assert_eq!(
+            c.learn(&ckpt),
+            Some("/srv/a".into()),
+            "no cluster_name: learnt"
+        );
+        assert_eq!(c.learn(&ckpt), None, "nothing new");
+        assert_eq!(c.classify(&ckpt).map(|l| l.cluster), Some("/srv/a".into()));
+
+        let pm = in_dir(3, "/usr/lib/postgresql/15/bin/postgres -D /srv/b", "/srv/b");
+        let ckpt = in_dir(4, "postgres: b: 1: checkpointer ", "/srv/b");
+        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("/srv/b".into()));
+        assert_eq!(c.learn(&ckpt), Some("/srv/b".into()));
+        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("b: 1".into()));
+        assert_eq!(c.classify(&ckpt).map(|l| l.cluster), Some("b: 1".into()));
+        // A client backend of a cluster known to have no cluster_name: a ": " in a name is
+        // not a prefix.
+        let l = c
+            .classify(&in_dir(5, "postgres: u x: y [local] idle", "/srv/a"))
+            .expect("postgres");
+        assert_eq!((l.user.as_str(), l.database.as_str()), ("u", "x: y"));
+        assert_eq!(l.cluster, "/srv/a");
+        let l = c
+            .classify(&in_dir(6, "postgres: b: 1: u x: y [local] idle", "/srv/b"))
+            .expect("postgres");
+        assert_eq!(
+            (l.user.as_str(), l.database.as_str(), l.cluster.as_str()),
+            ("u", "x: y", "b: 1")
+        );
+    }
+
+    #[test]
+    fn hostile_names_in_client_backend_titles() {
+        for (title, user, db) in [
+            ("postgres: u d\"q'\\ [local] idle", "u", "d\"q'\\"),
+            ("postgres: u d\nline 10.1.2.3(5432) SELECT", "u", "d\nline"),
+            (
+                "postgres: u x [local] idle [local] idle",
+                "u x [local] idle",
+                "?",
+            ),
+            (
+                "postgres: ünïcødé ß ::1(40000) idle in transaction (aborted)",
+                "ünïcødé",
+                "ß",
+            ),
+            ("postgres: u d(1) [local] CREATE INDEX waiting", "u", "d(1)"),
+        ] {
+            let l = pg(title);
+            assert_eq!(l.role, "client backend", "{title}");
+            if db != "?" {
+                assert_eq!(
+                    (l.user.as_str(), l.database.as_str()),
+                    (user, db),
+                    "{title}"
+                );
+            } else {
+                // Three name words and no catalog to ask: the user is the first word.
+                assert_eq!(format!("{} {}", l.user, l.database), user, "{title}");
+            }
+        }
+        // A state word that is not one: the host is not the last field.
+        assert_eq!(pg("postgres: u d [local] 5").role, "other");
+    }
+
     #[test]
     fn unknown_titles_are_other_never_dropped() {
         assert_eq!(pg("postgres: pg_cron launcher ").role, "other");
@@ -225,7 +436,7 @@ mod tests {
             kthread: false,
             ..Default::default()
         };
-        assert!(classify(&p).is_none());
+        assert!(Clusters::default().classify(&p).is_none());
     }
 
     #[test]
@@ -237,6 +448,6 @@ mod tests {
             kthread: false,
             ..Default::default()
         };
-        assert!(classify(&p).is_none());
+        assert!(Clusters::default().classify(&p).is_none());
     }
 }
