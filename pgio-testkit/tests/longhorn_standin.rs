@@ -1,0 +1,339 @@
+//! The Longhorn stand-in against the real kernel: a volume with two replicas serves
+//! O_DIRECT IO through FUSE and a direct-IO loop device one request for one, injected replica
+//! latency shows up in device reads, and nothing of ours is left after drop.
+//! Root-only; skips without root unless PGIO_REQUIRE_ROOT_TESTS is set.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use pgio_testkit::{LonghornOptions, LonghornVolume, diskstats, pid_alive, require_root};
+
+const MIB: usize = 1 << 20;
+
+/// The tests measure latency: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A heap buffer aligned for O_DIRECT.
+struct Aligned {
+    raw: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let raw = vec![0u8; len + 4096];
+        let off = raw.as_ptr().align_offset(4096);
+        Aligned { raw, off, len }
+    }
+    fn buf(&mut self) -> &mut [u8] {
+        &mut self.raw[self.off..self.off + self.len]
+    }
+}
+
+fn open_direct(dev: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .with_context(|| format!("opening {} with O_DIRECT", dev.display()))
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// What a volume leaves behind if teardown fails: checked to be gone after drop.
+struct Traces {
+    pids: Vec<u32>,
+    paths: Vec<PathBuf>,
+}
+
+impl Traces {
+    fn of(v: &LonghornVolume) -> Traces {
+        Traces {
+            pids: v.pids(),
+            paths: vec![
+                v.fuse_file().to_owned(),
+                v.backing_loop().backing_file().to_owned(),
+                v.dev_dir().to_owned(),
+                v.replica_dirs()[0].to_owned(),
+            ],
+        }
+    }
+
+    fn assert_gone(&self) -> Result<()> {
+        for &pid in &self.pids {
+            ensure!(!pid_alive(pid), "pid {pid} still alive after drop");
+        }
+        let losetup = Command::new("losetup").arg("-a").output()?;
+        ensure!(losetup.status.success(), "losetup -a failed");
+        let losetup = String::from_utf8_lossy(&losetup.stdout);
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+        for p in &self.paths {
+            // The temp dir holds every mount and backing file; its name is unique.
+            let tmp = p.ancestors().find(|a| {
+                a.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("pgio-test-"))
+            });
+            let needle = tmp.unwrap_or(p).to_string_lossy().into_owned();
+            ensure!(
+                !losetup.contains(&needle),
+                "loop device on {needle} left: {losetup}"
+            );
+            ensure!(!mounts.contains(&needle), "mount under {needle} left");
+            ensure!(!p.exists(), "{} still exists", p.display());
+        }
+        Ok(())
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Median wall time of `n` 4 KiB O_DIRECT reads at distinct offsets.
+fn median_4k_read(dev: &Path, n: usize) -> Result<Duration> {
+    let f = open_direct(dev)?;
+    let mut buf = Aligned::new(4096);
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        f.read_exact_at(buf.buf(), (i as u64 * 7919 % 4096) * 4096)?;
+        times.push(t.elapsed());
+    }
+    Ok(median(times))
+}
+
+#[test]
+fn volume_serves_direct_io_one_request_per_replica_read_and_cleans_up() -> Result<()> {
+    if !require_root("volume_serves_direct_io_one_request_per_replica_read_and_cleans_up") {
+        return Ok(());
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let t0 = Instant::now();
+    let v = LonghornVolume::start(LonghornOptions::default())?;
+    eprintln!("volume {} up in {:?}", v.volume(), t0.elapsed());
+    let traces = Traces::of(&v);
+
+    // The processes look like Longhorn's (DESIGN.md §5).
+    let vol = v.volume().to_owned();
+    assert_eq!(v.replica_pids().len(), 2);
+    for pid in v.replica_pids() {
+        assert_eq!(comm(pid), "longhorn");
+        let argv = cmdline(pid);
+        assert!(argv.contains(&"replica".to_owned()), "{argv:?}");
+        assert!(argv.contains(&vol), "{argv:?}");
+    }
+    let c = cmdline(v.controller_pid());
+    assert_eq!(comm(v.controller_pid()), "longhorn");
+    assert_eq!(
+        &c[1..5],
+        [
+            "--engine-instance-name",
+            &format!("{vol}-e-0"),
+            "controller",
+            &vol
+        ]
+    );
+    let sa = v.sync_agent_pid().expect("sync agent requested");
+    assert_eq!(comm(sa), "longhorn");
+    assert_eq!(&cmdline(sa)[1..4], ["--volume-name", &vol, "sync-agent"]);
+    assert_eq!(comm(v.frontend_pid()), "longhorn-fuse");
+
+    // /dev/longhorn/<vol> stand-in: same device number as the loop device.
+    let node = std::fs::metadata(v.dev_dir().join(&vol))?;
+    assert!(node.file_type().is_block_device());
+    let dev_md = std::fs::metadata(v.device())?;
+    assert_eq!(node.rdev(), dev_md.rdev());
+    assert_eq!(
+        (libc::major(dev_md.rdev()), libc::minor(dev_md.rdev())),
+        v.device_major_minor()
+    );
+    assert_ne!(v.device(), v.backing_device());
+
+    v.wait_quiet(Duration::from_secs(5));
+    let before = v.replica_stats()?;
+    let engine_before = v.engine_stats()?;
+    let backing_name = v.backing_loop().name().to_owned();
+
+    // 4 MiB of a known pattern, written with O_DIRECT in 1 MiB requests.
+    let pattern: Vec<u8> = (0..4 * MIB)
+        .map(|i| ((i / 4096) as u8) ^ (i as u8).wrapping_mul(31))
+        .collect();
+    let f = open_direct(v.device())?;
+    let mut wbuf = Aligned::new(MIB);
+    for (i, chunk) in pattern.chunks(MIB).enumerate() {
+        wbuf.buf().copy_from_slice(chunk);
+        f.write_all_at(wbuf.buf(), (i * MIB) as u64)?;
+    }
+    // Read it back in 4 KiB O_DIRECT reads: each is one loop request, one FUSE read, one
+    // engine read, one replica pread64.
+    let mut rbuf = Aligned::new(4096);
+    let mut back = Vec::with_capacity(4 * MIB);
+    let reads = 4 * MIB / 4096;
+    let backing_before = diskstats(&backing_name)?;
+    for i in 0..reads {
+        f.read_exact_at(rbuf.buf(), (i * 4096) as u64)?;
+        back.extend_from_slice(rbuf.buf());
+    }
+    let backing_reads = diskstats(&backing_name)?.reads_completed - backing_before.reads_completed;
+    drop(f);
+    assert!(back == pattern, "read-back differs from what was written");
+
+    let after = v.replica_stats()?;
+    let engine_after = v.engine_stats()?;
+    let replica_reads: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.reads - b.reads)
+        .collect();
+    let replica_writes: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.writes - b.writes)
+        .collect();
+    let engine_writes = engine_after.writes - engine_before.writes;
+    eprintln!(
+        "reads issued {reads}, engine {}, replicas {replica_reads:?}, backing device {backing_reads}; \
+         engine writes {engine_writes}, replicas {replica_writes:?}",
+        engine_after.reads - engine_before.reads
+    );
+    assert_eq!(engine_after.reads - engine_before.reads, reads as u64);
+    assert_eq!(replica_reads.iter().sum::<u64>(), reads as u64);
+    // The replicas' O_DIRECT preads are block reads on the backing device (no cache).
+    assert!(
+        backing_reads >= reads as u64,
+        "backing device reads {backing_reads}"
+    );
+    // Round-robin: both replicas serve reads.
+    assert!(
+        replica_reads.iter().all(|&r| r >= reads as u64 / 4),
+        "{replica_reads:?}"
+    );
+    // Every write reaches every replica; the loop device may split a 1 MiB write.
+    assert!(engine_writes >= 4, "{engine_writes}");
+    assert!(
+        replica_writes.iter().all(|&w| w == engine_writes),
+        "{replica_writes:?}"
+    );
+    for (a, b) in after.iter().zip(&before) {
+        assert_eq!(a.write_bytes - b.write_bytes, 4 * MIB as u64);
+        assert_eq!(a.revision - b.revision, a.writes - b.writes);
+    }
+
+    // PostgreSQL will run on ext4 on this device.
+    let mnt = tempfile::tempdir()?;
+    let dev = v.device().to_owned();
+    Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
+        .arg(&dev)
+        .status()?
+        .success()
+        .then_some(())
+        .context("mkfs.ext4 on the volume")?;
+    ensure!(
+        Command::new("mount")
+            .arg(&dev)
+            .arg(mnt.path())
+            .status()?
+            .success(),
+        "mounting the volume"
+    );
+    let file_result = (|| -> Result<()> {
+        let p = mnt.path().join("hello");
+        std::fs::write(&p, vec![42u8; 3 * MIB])?;
+        File::open(&p)?.sync_all()?;
+        ensure!(std::fs::read(&p)? == vec![42u8; 3 * MIB]);
+        Ok(())
+    })();
+    let umounted = Command::new("umount").arg(mnt.path()).status()?.success();
+    file_result?;
+    ensure!(umounted, "umount of the volume's ext4 failed");
+
+    drop(v);
+    traces.assert_gone()?;
+    eprintln!("whole test {:?}", t0.elapsed());
+    Ok(())
+}
+
+#[test]
+fn injected_replica_latency_shows_in_direct_device_reads() -> Result<()> {
+    if !require_root("injected_replica_latency_shows_in_direct_device_reads") {
+        return Ok(());
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut medians = Vec::new();
+    for latency in [None, Some(Duration::from_millis(2))] {
+        let v = LonghornVolume::start(LonghornOptions {
+            replica_latency: latency,
+            sync_agent: false,
+            ..Default::default()
+        })?;
+        assert_eq!(v.sync_agent_pid(), None);
+        v.wait_quiet(Duration::from_secs(5));
+        let before = v.replica_reads()?;
+        // Warm-up (thread start-up, first connection use), then the measured reads.
+        median_4k_read(v.device(), 5)?;
+        let m = median_4k_read(v.device(), 50)?;
+        assert_eq!(v.replica_reads()? - before, 55);
+        eprintln!("replica latency {latency:?}: median 4 KiB O_DIRECT read {m:?}");
+        medians.push(m);
+    }
+    let (plain, slow) = (medians[0], medians[1]);
+    assert!(
+        slow >= Duration::from_millis(2),
+        "with 2 ms injected: {slow:?}"
+    );
+    assert!(
+        plain < Duration::from_millis(1),
+        "without injection: {plain:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn teardown_runs_when_the_test_panics() -> Result<()> {
+    if !require_root("teardown_runs_when_the_test_panics") {
+        return Ok(());
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let traces = Mutex::new(None);
+    let r = std::panic::catch_unwind(|| {
+        let v = LonghornVolume::start(LonghornOptions {
+            replicas: 1,
+            size_bytes: 16 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        *traces.lock().unwrap() = Some(Traces::of(&v));
+        panic!("deliberate panic with a live volume");
+    });
+    assert!(r.is_err());
+    let traces = traces.into_inner().unwrap().expect("volume had started");
+    assert_eq!(
+        traces.pids.len(),
+        4,
+        "replica, sync-agent, controller, frontend"
+    );
+    traces.assert_gone()
+}
