@@ -17,9 +17,14 @@ pub const SERIES_UNTRACKED: u32 = 0;
 /// loader shrinks it to this node's `/proc/sys/kernel/pid_max`.
 pub const PID_MAX_LIMIT: u32 = 1 << 22;
 
-/// Size of the `series → series of its new children` array: series ids beyond it have none
-/// (their children inherit the parent's own series).
+/// Size of the `series → children are provisional` array: children of series ids beyond it
+/// inherit their parent's series.
 pub const CHILD_SERIES_MAX: u32 = 1 << 16;
+
+/// Series ids with this bit set are a freshly forked process's own provisional series,
+/// `PROVISIONAL | tgid`: the kernel books its events there until userspace has classified it,
+/// then userspace adds them to the series it was classified as.
+pub const PROVISIONAL: u32 = 1 << 31;
 
 /// Counters of events the kernel side could not record, indexed by [`Drop`].
 #[repr(u32)]

@@ -21,7 +21,8 @@ pub struct LifecycleEvent {
     pub pid: u32,
     /// Fork: the parent's tgid. Otherwise 0.
     pub ppid: u32,
-    /// Fork: the inherited series. Exit: the series it had. Exec: 0.
+    /// Fork: the series the child starts in (the parent's, or `PROVISIONAL | pid`). Exit: the
+    /// series it had. Exec: 0.
     pub series: u32,
 }
 

@@ -1,5 +1,5 @@
 //! Userspace side of the block probes: reads `BLOCK_IO_HIST` (sum over CPUs) at scrape time.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Mutex};
 
 use anyhow::Result;
 use aya::maps::{MapData, PerCpuHashMap};
@@ -8,7 +8,7 @@ use pgio_common::{
     hist::Bucket,
 };
 
-use crate::hist::Log2Hist;
+use crate::{hist::Log2Hist, provisional::Route};
 
 /// (series, dev, op) of one block histogram.
 pub type BlockIoId = (u32, u32, u8);
@@ -19,29 +19,64 @@ pub struct BlockIoSnapshot {
     pub queue: BTreeMap<BlockIoId, Log2Hist>,
 }
 
+impl BlockIoSnapshot {
+    fn merge(&mut self, other: &BlockIoSnapshot) {
+        for (mine, theirs) in [
+            (&mut self.device, &other.device),
+            (&mut self.queue, &other.queue),
+        ] {
+            for (id, h) in theirs {
+                mine.entry(*id).or_default().merge(h);
+            }
+        }
+    }
+}
+
 pub struct BlockIoReader {
-    hist: PerCpuHashMap<MapData, BlockIoKey, Bucket>,
+    hist: Mutex<PerCpuHashMap<MapData, BlockIoKey, Bucket>>,
+    /// Histograms folded in from provisional series (deleted from the kernel map).
+    carry: Mutex<BlockIoSnapshot>,
 }
 
 impl BlockIoReader {
     pub fn new(hist: PerCpuHashMap<MapData, BlockIoKey, Bucket>) -> BlockIoReader {
-        BlockIoReader { hist }
+        BlockIoReader {
+            hist: Mutex::new(hist),
+            carry: Mutex::default(),
+        }
     }
 
-    pub fn read(&self) -> Result<BlockIoSnapshot> {
+    /// `route` says where each key's series goes (see `provisional`).
+    pub fn read(&self, route: impl Fn(u32) -> Route) -> Result<BlockIoSnapshot> {
+        let mut hist = self.hist.lock().unwrap_or_else(|e| e.into_inner());
+        let mut carry = self.carry.lock().unwrap_or_else(|e| e.into_inner());
         let mut snap = BlockIoSnapshot::default();
-        for entry in self.hist.iter() {
+        let mut folded = Vec::new();
+        for entry in hist.iter() {
             let (key, per_cpu) = entry?;
-            let id = (key.series, key.dev, key.op);
+            let (series, into) = match route(key.series) {
+                Route::Own => (key.series, &mut snap),
+                Route::Pending => continue,
+                Route::Fold(s) => {
+                    folded.push(key);
+                    (s, &mut *carry)
+                }
+            };
+            let id = (series, key.dev, key.op);
             let target = if key.metric == BlockMetric::Queue as u8 {
-                snap.queue.entry(id).or_default()
+                into.queue.entry(id).or_default()
             } else {
-                snap.device.entry(id).or_default()
+                into.device.entry(id).or_default()
             };
             for b in per_cpu.iter() {
                 target.add(key.slot, b);
             }
         }
+        for key in &folded {
+            // Gone already is fine: nothing else deletes, and a late completion recreates it.
+            let _ = hist.remove(key);
+        }
+        snap.merge(&carry);
         Ok(snap)
     }
 }

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, MapData, RingBuf};
 use pgio_common::{
-    SERIES_UNTRACKED,
+    PROVISIONAL, SERIES_UNTRACKED,
     lifecycle::{LifecycleEvent, LifecycleKind},
 };
 use tokio::{
@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 use crate::{
     classifier::{Classifier, ProcessInfo},
     labels::Labels,
+    provisional::Provisional,
     series::SeriesRegistry,
 };
 
@@ -53,8 +54,17 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 #[derive(Default, Debug)]
 pub struct Tracked {
     pub registry: SeriesRegistry,
-    /// tgid → series, mirror of the kernel's `TRACKED` map.
+    /// tgid → series, mirror of the kernel's `TRACKED` map (a provisional process: its
+    /// cluster's `starting` series).
     pub pids: HashMap<u32, u32>,
+    pub provisional: Provisional,
+}
+
+impl Tracked {
+    /// Where the readers send each histogram key's series.
+    pub fn provisional_routes(&self) -> Provisional {
+        self.provisional.clone()
+    }
 }
 
 pub type SharedTracked = Arc<Mutex<Tracked>>;
@@ -131,6 +141,10 @@ impl Discovery {
         kernel_map: Array<MapData, u32>,
         child_map: Array<MapData, u32>,
     ) -> Discovery {
+        {
+            let mut t = lock(&shared);
+            t.provisional.orphan = t.registry.intern(Classifier::orphan_child_labels());
+        }
         Discovery {
             classifier,
             shared,
@@ -165,6 +179,9 @@ impl Discovery {
         for pid in gone {
             self.untrack(pid);
         }
+        lock(&self.shared)
+            .provisional
+            .expire(std::time::Instant::now());
         Ok(())
     }
 
@@ -232,20 +249,29 @@ impl Discovery {
             // Ids past the array's end just keep inheriting the parent's series.
             let _ = self.child_map.set(parent, child, 0);
         }
+        let provisional = Classifier::is_provisional(&labels);
         let id = shared.registry.intern(labels);
+        if shared.provisional.is_open(pid) && provisional {
+            // Title not set yet: the kernel keeps booking it under its own provisional series.
+            shared.pids.insert(pid, id);
+            return;
+        }
         if shared.pids.get(&pid) == Some(&id) {
             return;
         }
         match self.kernel_map.set(pid, id, 0) {
             Ok(()) => {
                 shared.pids.insert(pid, id);
+                shared.provisional.resolved(pid, id);
             }
             Err(e) => warn!(pid, error = %e, "cannot track process (pid above pid_max?)"),
         }
     }
 
     fn untrack(&mut self, pid: u32) {
-        if lock(&self.shared).pids.remove(&pid).is_some() {
+        let mut shared = lock(&self.shared);
+        shared.provisional.closed(pid);
+        if shared.pids.remove(&pid).is_some() {
             // Already cleared when the kernel saw the exit.
             let _ = self.kernel_map.set(pid, SERIES_UNTRACKED, 0);
         }
@@ -257,11 +283,28 @@ impl Discovery {
                 self.classify_now(ev.pid);
             }
             Some(LifecycleKind::Fork) => {
-                lock(&self.shared).pids.insert(ev.pid, ev.series);
+                let mut shared = lock(&self.shared);
+                let mut series = ev.series;
+                if series & PROVISIONAL != 0 {
+                    // Shown as its cluster's `starting` process until classified.
+                    let parent = shared.pids.get(&ev.ppid).copied();
+                    let starting = parent
+                        .and_then(|p| shared.registry.labels(p))
+                        .and_then(Classifier::child_labels);
+                    series = match starting {
+                        Some(labels) => shared.registry.intern(labels),
+                        None => shared.provisional.orphan,
+                    };
+                    shared.provisional.forked(ev.pid, series);
+                }
+                shared.pids.insert(ev.pid, series);
+                drop(shared);
                 self.schedule(ev.pid, 0);
             }
             Some(LifecycleKind::Exit) => {
-                lock(&self.shared).pids.remove(&ev.pid);
+                let mut shared = lock(&self.shared);
+                shared.pids.remove(&ev.pid);
+                shared.provisional.closed(ev.pid);
             }
             None => debug!(kind = ev.kind, "unknown lifecycle event"),
         }

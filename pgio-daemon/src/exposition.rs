@@ -152,11 +152,15 @@ pub struct Snapshot {
 
 impl PgioCollector {
     pub fn snapshot(&self) -> Snapshot {
-        let block = self.block_io.read().unwrap_or_else(|e| {
+        // A copy, so discovery is not held up while the maps are read; a process classified
+        // meanwhile is still pending here and folded at the next scrape.
+        let routes = lock(&self.tracked).provisional_routes();
+        let route = |series| routes.route(series);
+        let block = self.block_io.read(route).unwrap_or_else(|e| {
             warn!(error = format!("{e:#}"), "reading block IO map");
             Default::default()
         });
-        let syscalls = self.syscall.read().unwrap_or_else(|e| {
+        let syscalls = self.syscall.read(route).unwrap_or_else(|e| {
             warn!(error = format!("{e:#}"), "reading syscall map");
             BTreeMap::new()
         });

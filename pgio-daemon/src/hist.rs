@@ -32,6 +32,14 @@ impl Log2Hist {
         self.bytes = self.bytes.wrapping_add(b.bytes);
     }
 
+    pub fn merge(&mut self, other: &Log2Hist) {
+        for (a, b) in self.slots.iter_mut().zip(other.slots.iter()) {
+            *a = a.wrapping_add(*b);
+        }
+        self.sum_ns = self.sum_ns.wrapping_add(other.sum_ns);
+        self.bytes = self.bytes.wrapping_add(other.bytes);
+    }
+
     pub fn count(&self) -> u64 {
         self.slots.iter().sum()
     }

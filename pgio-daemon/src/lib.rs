@@ -15,6 +15,7 @@ pub mod http;
 pub mod kernel_offsets;
 pub mod labels;
 pub mod probes;
+pub mod provisional;
 pub mod series;
 pub mod syscall;
 pub mod tracefs;

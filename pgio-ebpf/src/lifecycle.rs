@@ -31,8 +31,7 @@ fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: u32) {
 
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, in the
 /// parent's context, before the child first runs: the child gets its series now (the
-/// parent's, or the provisional one for the parent's children), so its first syscalls are
-/// already counted.
+/// parent's, or its own provisional one), so its first syscalls are already counted.
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -53,7 +52,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     if pid != tgid {
         return 0; // a new thread: it is looked up by its tgid already
     }
-    let series = tracked::child_series_of(series);
+    let series = tracked::child_series_of(series, tgid as u32);
     tracked::set(tgid as u32, series);
     emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
     0

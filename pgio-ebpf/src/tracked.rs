@@ -1,27 +1,28 @@
 //! `tgid → series id`, written by userspace (classifier) and by `sched_process_fork`
-//! (a child inherits its parent's series, or the provisional series userspace set for the
-//! parent's children in `CHILD_SERIES`, until userspace reclassifies it).
+//! (a child inherits its parent's series, or gets a provisional one when `CHILD_SERIES` says
+//! so, until userspace reclassifies it).
 //!
 //! An array indexed by tgid rather than a hash: the verifier inlines array lookups into a
 //! bounds check and an address computation, so an untracked process pays almost nothing.
 //! 0 (`SERIES_UNTRACKED`) means not tracked. Sized to `pid_max` by the loader (4 bytes a pid:
 //! 128 KiB for the default 32768, 16 MiB for 2^22).
 use aya_ebpf::{macros::map, maps::Array};
-use pgio_common::{CHILD_SERIES_MAX, PID_MAX_LIMIT, SERIES_UNTRACKED};
+use pgio_common::{CHILD_SERIES_MAX, PID_MAX_LIMIT, PROVISIONAL, SERIES_UNTRACKED};
 
 #[map]
 static TRACKED: Array<u32> = Array::with_max_entries(PID_MAX_LIMIT, 0);
 
-/// `series → series of a child forked by a process of that series`, 0 = the parent's own. A
-/// postmaster's children are new backends, not postmasters: they start in a provisional
-/// series so their first events are not booked as the postmaster's.
+/// `series → nonzero if a process of that series forks processes of another kind`. A
+/// postmaster's children are backends, not postmasters: each starts in its own provisional
+/// series (`PROVISIONAL | tgid`), which userspace folds into the series it classifies the
+/// child as, so not even a new backend's first syscalls are booked as the postmaster's.
 #[map]
 static CHILD_SERIES: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
 
 #[inline(always)]
-pub fn child_series_of(series: u32) -> u32 {
+pub fn child_series_of(series: u32, child_tgid: u32) -> u32 {
     match CHILD_SERIES.get(series) {
-        Some(s) if *s != SERIES_UNTRACKED => *s,
+        Some(s) if *s != SERIES_UNTRACKED => PROVISIONAL | child_tgid,
         _ => series,
     }
 }

@@ -62,6 +62,16 @@ impl Classifier {
             .flatten()
     }
 
+    /// Labels of a provisional process whose parent is not known any more.
+    pub fn orphan_child_labels() -> Labels {
+        Labels::app_role("postgres", postgres::STARTING)
+    }
+
+    /// Labels that only say "not classified yet" (a child that has not set its title).
+    pub fn is_provisional(labels: &Labels) -> bool {
+        labels.app == "postgres" && labels.role == postgres::STARTING
+    }
+
     /// Whether a process with these labels can still change them by retitling itself (so a
     /// freshly forked one is worth looking at again).
     pub fn settled(labels: &Labels) -> bool {

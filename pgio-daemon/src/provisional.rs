@@ -1,0 +1,145 @@
+//! Provisional series of freshly forked processes. A postmaster's child runs in its own
+//! kernel series `PROVISIONAL | tgid` until pgio has read its title (a millisecond or so).
+//! Its events are held back while that lasts; once the child is classified, the reader folds
+//! them into the series it was classified as and deletes them from the kernel map. A child
+//! that exits unclassified has its events folded into its cluster's `role="starting"` series.
+//! So connection churn books no event under a wrong series, and every exported series stays
+//! monotonic (showing events under `starting` first and moving them later would not).
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use pgio_common::PROVISIONAL;
+
+/// How long a closed entry is kept: block requests submitted while provisional can complete
+/// (and recreate their key) after the process was classified.
+const GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug, Default)]
+pub struct Provisional {
+    entries: HashMap<u32, Entry>,
+    /// Where keys of an unknown provisional process go (the cluster-less `starting` series).
+    pub orphan: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    /// The cluster's `starting` series.
+    fallback: u32,
+    /// The series the process was classified as.
+    target: Option<u32>,
+    /// When the kernel stopped booking events under the provisional series.
+    closed_at: Option<Instant>,
+}
+
+/// Where a histogram key's series goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// An ordinary series.
+    Own,
+    /// A provisional series still in use: not exported yet, left in the map.
+    Pending,
+    /// A provisional series no longer in use: move into this series, delete from the map.
+    Fold(u32),
+}
+
+impl Provisional {
+    pub fn forked(&mut self, pid: u32, fallback: u32) {
+        self.entries.insert(
+            pid,
+            Entry {
+                fallback,
+                target: None,
+                closed_at: None,
+            },
+        );
+    }
+
+    /// Is `pid` still running under its provisional series in the kernel?
+    pub fn is_open(&self, pid: u32) -> bool {
+        self.entries
+            .get(&pid)
+            .is_some_and(|e| e.closed_at.is_none())
+    }
+
+    /// The kernel now books `pid` under `series`.
+    pub fn resolved(&mut self, pid: u32, series: u32) {
+        if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
+            e.target = Some(series);
+            e.closed_at = Some(Instant::now());
+        }
+    }
+
+    /// `pid` exited or stopped being tracked before it was classified: its events stay
+    /// `starting`.
+    pub fn closed(&mut self, pid: u32) {
+        if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
+            e.closed_at = Some(Instant::now());
+        }
+    }
+
+    pub fn route(&self, series: u32) -> Route {
+        if series & PROVISIONAL == 0 {
+            return Route::Own;
+        }
+        match self.entries.get(&(series & !PROVISIONAL)) {
+            Some(e) if e.closed_at.is_none() => Route::Pending,
+            Some(e) => Route::Fold(e.target.unwrap_or(e.fallback)),
+            None => Route::Fold(self.orphan),
+        }
+    }
+
+    /// Forgets entries closed long enough ago that nothing can be booked under them any more.
+    pub fn expire(&mut self, now: Instant) {
+        self.entries
+            .retain(|_, e| e.closed_at.is_none_or(|t| now.duration_since(t) < GRACE));
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_then_folded_into_the_classified_series_then_expired() {
+        let mut p = Provisional {
+            orphan: 9,
+            ..Default::default()
+        };
+        assert_eq!(p.route(5), Route::Own);
+        p.forked(100, 3);
+        p.forked(101, 3);
+        assert!(p.is_open(100));
+        assert_eq!(p.route(PROVISIONAL | 100), Route::Pending);
+        p.resolved(100, 7);
+        p.closed(101);
+        assert!(!p.is_open(100));
+        assert_eq!(p.route(PROVISIONAL | 100), Route::Fold(7));
+        assert_eq!(
+            p.route(PROVISIONAL | 101),
+            Route::Fold(3),
+            "never classified: starting"
+        );
+        assert_eq!(
+            p.route(PROVISIONAL | 102),
+            Route::Fold(9),
+            "unknown: orphan"
+        );
+        // Closing twice keeps the first outcome.
+        p.closed(100);
+        assert_eq!(p.route(PROVISIONAL | 100), Route::Fold(7));
+        p.forked(103, 3);
+        p.expire(Instant::now() + GRACE + Duration::from_secs(1));
+        assert_eq!(p.len(), 1);
+        assert!(p.is_open(103));
+    }
+}

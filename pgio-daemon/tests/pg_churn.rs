@@ -1,0 +1,109 @@
+//! Connection churn: `pgbench -C -S` opens a new connection, so a new backend, for every
+//! transaction. A backend the postmaster just forked runs in its own provisional series (set
+//! in the kernel at fork) until pgio has read its title; its events are then folded into the
+//! series it was classified as, and only a process that exits unclassified leaves its events
+//! under role `starting`. This test measures the share of PostgreSQL syscall events that end
+//! up there (≤ 1 %) and that none are booked as the postmaster's.
+//!
+//! shared_buffers is 16MB and the pgbench tables ~150 MB, so `-S` reads go through pread64
+//! (page cache hits), about two per transaction.
+
+mod common;
+
+use common::{Daemon, delta};
+use pgio_testkit::{PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir};
+
+const SYSCALLS: &str = "pgio_syscall_seconds_count";
+
+#[test]
+fn new_backends_leave_the_provisional_series_quickly() {
+    if !require_root("new_backends_leave_the_provisional_series_quickly") {
+        return;
+    }
+    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
+    let dir = temp_dir().expect("temp dir");
+    let opts = PgOptions::new(&bin, dir.path().join("data"), 56_410)
+        .shared_buffers("16MB")
+        .setting("max_connections", "50");
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
+        .expect("pgbench -i");
+
+    let daemon = Daemon::start(&[]).expect("daemon");
+    daemon.wait_tracked("postgres", "postmaster");
+    let before = daemon.scrape();
+    let out = pg
+        .pgbench_ok(&["-C", "-S", "-c", "4", "-j", "2", "-T", "10", "postgres"])
+        .expect("pgbench -C");
+    let after = daemon.scrape();
+    let transactions: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split('/').next()?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no transaction count in pgbench output:\n{out}"));
+
+    let pg_total = delta(&before, &after, SYSCALLS, &[("app", "postgres")]);
+    let starting = delta(
+        &before,
+        &after,
+        SYSCALLS,
+        &[("app", "postgres"), ("role", "starting")],
+    );
+    let postmaster = delta(
+        &before,
+        &after,
+        SYSCALLS,
+        &[("app", "postgres"), ("role", "postmaster")],
+    );
+    let backends = delta(
+        &before,
+        &after,
+        SYSCALLS,
+        &[("app", "postgres"), ("role", "client backend")],
+    );
+    let untracked = delta(&before, &after, SYSCALLS, &[("app", "other")]);
+    let share = starting / pg_total;
+    eprintln!(
+        "pg_churn: {transactions} connections in 10 s; postgres syscalls {pg_total}: client \
+         backends {backends}, starting {starting} ({:.3} %), postmaster {postmaster}; \
+         untracked processes {untracked}",
+        100.0 * share
+    );
+    assert!(
+        transactions >= 200.0,
+        "only {transactions} connections: not a churn test"
+    );
+    // ~2 pread64 per `-S` transaction (index and heap page) miss shared_buffers here.
+    assert!(
+        backends >= 1.2 * transactions,
+        "client backends made {backends} syscalls for {transactions} transactions"
+    );
+    assert!(
+        share <= 0.01,
+        "{starting} of {pg_total} postgres syscalls ({:.2} %) were in the provisional series",
+        100.0 * share
+    );
+    // The postmaster itself reads nothing: its children must not be booked as it.
+    assert!(
+        postmaster <= 0.001 * pg_total,
+        "{postmaster} syscalls booked as the postmaster"
+    );
+    // Every backend has exited: none is left provisional.
+    let gone = pgio_testkit::wait_until(
+        std::time::Duration::from_secs(5),
+        std::time::Duration::from_millis(100),
+        || {
+            daemon
+                .scrape()
+                .sum("pgio_tracked_processes", &[("role", "starting")])
+                == 0.0
+        },
+    );
+    assert!(
+        gone,
+        "processes still tracked as starting after pgbench ended"
+    );
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+}
