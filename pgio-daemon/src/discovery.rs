@@ -280,7 +280,11 @@ impl Discovery {
     fn handle(&mut self, ev: LifecycleEvent) {
         match LifecycleKind::from_u32(ev.kind) {
             Some(LifecycleKind::Exec) => {
-                self.classify_now(ev.pid);
+                // A new postmaster changes into its data directory (its cluster label) only
+                // after exec: look again like after a fork.
+                if !self.classify_now(ev.pid) {
+                    self.schedule(ev.pid, 0);
+                }
             }
             Some(LifecycleKind::Fork) => {
                 let mut shared = lock(&self.shared);

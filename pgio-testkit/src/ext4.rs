@@ -1,4 +1,5 @@
-//! A freshly made ext4 filesystem mounted from a loop device, unmounted on drop.
+//! A freshly made ext4 filesystem mounted from a loop device (or another block device the
+//! test owns), unmounted on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,15 +24,20 @@ impl Ext4Mount {
     /// `mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0` (no background init IO
     /// afterwards), creates `mountpoint` if needed and mounts it.
     pub fn new(dev: &LoopDevice, mountpoint: &Path) -> Result<Self> {
+        Self::on_device(dev.path(), mountpoint)
+    }
+
+    /// `new` on any block device the test owns (e.g. a Longhorn stand-in volume).
+    pub fn on_device(device: &Path, mountpoint: &Path) -> Result<Self> {
         cmd::run(
             Command::new("mkfs.ext4")
                 .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
-                .arg(dev.path()),
+                .arg(device),
         )?;
         std::fs::create_dir_all(mountpoint)
             .with_context(|| format!("creating {}", mountpoint.display()))?;
         let mut m = Ext4Mount {
-            device: dev.path().to_owned(),
+            device: device.to_owned(),
             mountpoint: mountpoint.to_owned(),
             mounted: false,
         };

@@ -34,6 +34,53 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// What was observed between `before` and `self` (buckets matched by bound).
+    pub fn since(&self, before: &Histogram) -> Histogram {
+        let prior = |le: f64| {
+            before
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0.0, |(_, c)| *c)
+        };
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, c)| (*le, c - prior(*le)))
+                .collect(),
+            sum: self.sum - before.sum,
+            count: self.count - before.count,
+        }
+    }
+
+    /// The `q` quantile interpolated linearly inside its bucket, as PromQL's
+    /// `histogram_quantile` does (the first bucket starts at 0). `None` without observations
+    /// or when it falls in `+Inf`.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let (mut lower, mut below) = (0.0, 0.0);
+        for (le, c) in &self.buckets {
+            if *c >= rank {
+                if le.is_infinite() {
+                    return None;
+                }
+                let inside = c - below;
+                return Some(if inside > 0.0 {
+                    lower + (le - lower) * (rank - below) / inside
+                } else {
+                    *le
+                });
+            }
+            (lower, below) = (*le, *c);
+        }
+        None
+    }
+
     /// Cumulative count of the largest bucket whose bound is <= `bound` (0 if none).
     pub fn count_le(&self, bound: f64) -> f64 {
         self.buckets
@@ -377,6 +424,27 @@ up 1
         assert_eq!((h.sum, h.count), (0.26, 32.0));
         assert_eq!(h.count_le(0.005), 11.0);
         assert_eq!(h.count_le(0.0001), 0.0);
+    }
+
+    #[test]
+    fn quantile_interpolates_like_promql() {
+        let h = Histogram {
+            buckets: vec![(1.0, 0.0), (2.0, 10.0), (4.0, 20.0), (f64::INFINITY, 20.0)],
+            sum: 0.0,
+            count: 20.0,
+        };
+        assert_eq!(h.quantile(0.5), Some(2.0));
+        assert_eq!(h.quantile(0.25), Some(1.5));
+        assert_eq!(h.quantile(0.75), Some(3.0));
+        let before = Histogram {
+            buckets: vec![(1.0, 0.0), (2.0, 10.0), (4.0, 10.0), (f64::INFINITY, 10.0)],
+            sum: 0.0,
+            count: 10.0,
+        };
+        let d = h.since(&before);
+        assert_eq!(d.count, 10.0);
+        assert_eq!(d.quantile(0.5), Some(3.0));
+        assert_eq!(Histogram::default().quantile(0.5), None);
     }
 
     #[test]

@@ -1,0 +1,325 @@
+//! One Longhorn volume, every layer side by side. The stand-in Longhorn (`longhorn-standin/`,
+//! `pgio_testkit::longhorn`): 2 replicas on ext4 on a direct-IO loop device (the "backing"
+//! disk), the engine, and the volume exposed as a direct-IO loop device over a FUSE file (the
+//! role tgtd plays in real Longhorn), with `/dev/longhorn/<vol>` in a test directory.
+//! PostgreSQL 15 on ext4 on the volume, cold cache, `pgbench -S`. Then the same with 2 ms of
+//! latency injected in the replicas.
+//!
+//! Asserted from pgio's metrics, against /proc/diskstats and the stand-in's own counters:
+//! - postgres client backends' pread64 are there;
+//! - every block series of the volume's loop device carries `volume="<vol>"`, and pgio counts
+//!   the device's reads as diskstats does (within 1 %);
+//! - engine, 2 replicas and the sync-agent are tracked with the same `volume`;
+//! - the replicas' pread64 are ≥ 95 % of the volume device's read requests;
+//! - ≥ 95 % of the backing device's reads are attributed to role `replica` of the volume;
+//! - with injection, the volume device's median read latency rises by ≥ 1.5 ms and the
+//!   backing device's by < 0.5 ms.
+//!
+//! Prints the per-layer medians (the closing note's table) and the volume's /metrics lines.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use pgio_testkit::{
+    DiskStats, Ext4Mount, LonghornOptions, LonghornVolume, Metrics, PgCluster, PgOptions,
+    diskstats, metrics::Histogram, pg_bin_dir, require_root, rules_config, temp_dir,
+};
+
+const RUN_SECS: u32 = 20;
+
+#[derive(Debug)]
+struct Layers {
+    tps: f64,
+    pg_preads: f64,
+    pg_pread_miss_ms: Option<f64>,
+    volume_reads_diskstats: f64,
+    volume_reads_pgio: f64,
+    volume_reads_labelled: f64,
+    volume_ms: Option<f64>,
+    engine_futex_ms: Option<f64>,
+    replica_preads: f64,
+    replica_pread_ms: Option<f64>,
+    backing_reads_diskstats: f64,
+    backing_reads_replica: f64,
+    backing_ms: Option<f64>,
+    excerpt: String,
+}
+
+#[test]
+fn longhorn_volume_stack_view() {
+    if !require_root("longhorn_volume_stack_view") {
+        return;
+    }
+    let plain = run(None, 56_420);
+    print("no injection", &plain);
+    check(&plain, "no injection");
+    let slow = run(Some(Duration::from_millis(2)), 56_421);
+    print("2 ms injected in the replicas", &slow);
+    check(&slow, "2 ms injected");
+    eprintln!(
+        "/metrics lines of the volume (no injection run):\n{}",
+        plain.excerpt
+    );
+
+    let (v0, v1) = (
+        plain.volume_ms.expect("volume median"),
+        slow.volume_ms.expect("volume median"),
+    );
+    let (b0, b1) = (
+        plain.backing_ms.expect("backing median"),
+        slow.backing_ms.expect("backing median"),
+    );
+    assert!(
+        v1 - v0 >= 1.5,
+        "the volume device's median read latency rose by only {:.2} ms ({v0:.2} → {v1:.2})",
+        v1 - v0
+    );
+    assert!(
+        b1 - b0 < 0.5,
+        "the backing device's median read latency rose by {:.2} ms ({b0:.2} → {b1:.2}): the delay is in the replica, not the disk",
+        b1 - b0
+    );
+}
+
+fn check(l: &Layers, case: &str) {
+    assert!(l.pg_preads > 1000.0, "{case}: {l:?}");
+    assert!(
+        (l.volume_reads_pgio - l.volume_reads_diskstats).abs() <= 0.01 * l.volume_reads_diskstats
+            && l.volume_reads_diskstats > 500.0,
+        "{case}: volume device reads pgio {} vs diskstats {}",
+        l.volume_reads_pgio,
+        l.volume_reads_diskstats
+    );
+    assert_eq!(
+        l.volume_reads_labelled, l.volume_reads_pgio,
+        "{case}: every block series of the volume's device carries its volume"
+    );
+    assert!(
+        l.replica_preads >= 0.95 * l.volume_reads_diskstats,
+        "{case}: replica pread64 {} < 95 % of the volume device's {} reads",
+        l.replica_preads,
+        l.volume_reads_diskstats
+    );
+    assert!(
+        l.backing_reads_replica >= 0.95 * l.backing_reads_diskstats
+            && l.backing_reads_diskstats > 500.0,
+        "{case}: backing device reads on role replica {} of {}",
+        l.backing_reads_replica,
+        l.backing_reads_diskstats
+    );
+}
+
+fn ms(h: &Histogram) -> Option<f64> {
+    h.quantile(0.5).map(|s| s * 1e3)
+}
+
+fn print(case: &str, l: &Layers) {
+    let f = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3} ms"));
+    eprintln!(
+        "longhorn_stack, {case}: pgbench -S {RUN_SECS} s, {:.0} tps\n\
+         \x20 layer                                   median      count\n\
+         \x20 postgres pread64 (cache=miss)          {:>10}  {:>8}\n\
+         \x20 volume device (loop over FUSE) reads   {:>10}  {:>8} (diskstats {})\n\
+         \x20 engine futex waits                     {:>10}\n\
+         \x20 replica pread64                        {:>10}  {:>8}\n\
+         \x20 backing device reads (role replica)    {:>10}  {:>8} (diskstats {})",
+        l.tps,
+        f(l.pg_pread_miss_ms),
+        l.pg_preads,
+        f(l.volume_ms),
+        l.volume_reads_pgio,
+        l.volume_reads_diskstats,
+        f(l.engine_futex_ms),
+        f(l.replica_pread_ms),
+        l.replica_preads,
+        f(l.backing_ms),
+        l.backing_reads_replica,
+        l.backing_reads_diskstats,
+    );
+}
+
+fn run(latency: Option<Duration>, port: u16) -> Layers {
+    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
+    let vol = LonghornVolume::start(LonghornOptions {
+        size_bytes: 640 << 20,
+        replicas: 2,
+        replica_latency: latency,
+        sync_agent: true,
+        ..LonghornOptions::default()
+    })
+    .expect("Longhorn stand-in");
+    let dir = temp_dir().expect("temp dir");
+    let mut fs = Ext4Mount::on_device(vol.device(), &dir.path().join("mnt")).expect("ext4");
+    let opts = PgOptions::new(&bin, fs.path().join("pgdata"), port)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off");
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
+        .expect("pgbench -i");
+    pg.psql("checkpoint").expect("checkpoint");
+    pg.stop().expect("stop");
+    fs.remount().expect("remount: cold cache");
+
+    let config = format!(
+        "longhorn_device_dir = \"{}\"\n{}",
+        vol.dev_dir().display(),
+        // The FUSE frontend stands in for tgtd; it is ours, not Longhorn's, so a user rule.
+        rules_config(&[("longhorn", "frontend", "^longhorn-fuse$")])
+    );
+    let daemon = pgio_testkit::Daemon::start(Path::new(env!("CARGO_BIN_EXE_pgio-daemon")), &config)
+        .expect("daemon");
+    pg.start().expect("start cold");
+    daemon
+        .wait_tracked("postgres", "postmaster")
+        .expect("postgres");
+    daemon
+        .wait_tracked("longhorn", "replica")
+        .expect("replicas");
+
+    let volume = vol.volume().to_owned();
+    let (lo, backing) = (
+        vol.device_name().to_owned(),
+        vol.backing_loop().name().to_owned(),
+    );
+    let (m0, d0, b0) = quiet_snapshot(&daemon, &vol, &lo, &backing);
+    let out = pg
+        .pgbench_ok(&[
+            "-S",
+            "-c",
+            "4",
+            "-j",
+            "2",
+            "-T",
+            &RUN_SECS.to_string(),
+            "postgres",
+        ])
+        .expect("pgbench -S");
+    let (m1, d1, b1) = quiet_snapshot(&daemon, &vol, &lo, &backing);
+    let tps = out
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+
+    let d = |name: &str, labels: &[(&str, &str)]| m1.sum(name, labels) - m0.sum(name, labels);
+    let h = |family: &str, labels: &[(&str, &str)]| {
+        let after = m1.histogram(family, labels).expect("histogram");
+        let before = m0.histogram(family, labels).expect("histogram");
+        after.since(&before)
+    };
+    let vol_l = ("volume", volume.as_str());
+    let pg_read = [
+        ("app", "postgres"),
+        ("role", "client backend"),
+        ("syscall", "pread64"),
+    ];
+    let replica_read = [
+        ("app", "longhorn"),
+        ("role", "replica"),
+        ("syscall", "pread64"),
+        vol_l,
+    ];
+    let volume_read = [("device", lo.as_str()), ("op", "read")];
+    let backing_replica = [
+        ("device", backing.as_str()),
+        ("op", "read"),
+        ("role", "replica"),
+        vol_l,
+    ];
+
+    for (role, n) in [("engine", 1.0), ("replica", 2.0), ("sync-agent", 1.0)] {
+        let got = m1.sum(
+            "pgio_tracked_processes",
+            &[("app", "longhorn"), ("role", role), vol_l],
+        );
+        assert_eq!(got, n, "tracked longhorn {role} processes of {volume}");
+    }
+    assert_eq!(
+        m1.sum("pgio_device_info", &[("device", lo.as_str()), vol_l]),
+        1.0,
+        "pgio_device_info maps {lo} to {volume}"
+    );
+
+    let excerpt = excerpt(&m1, &volume, &lo);
+    let layers = Layers {
+        tps,
+        pg_preads: d("pgio_syscall_seconds_count", &pg_read),
+        pg_pread_miss_ms: ms(&h(
+            "pgio_syscall_seconds",
+            &[pg_read[0], pg_read[1], pg_read[2], ("cache", "miss")],
+        )),
+        volume_reads_diskstats: (d1.reads_completed - d0.reads_completed) as f64,
+        volume_reads_pgio: d("pgio_block_io_requests_total", &volume_read),
+        volume_reads_labelled: d(
+            "pgio_block_io_requests_total",
+            &[volume_read[0], volume_read[1], vol_l],
+        ),
+        volume_ms: ms(&h("pgio_block_io_device_seconds", &volume_read)),
+        engine_futex_ms: ms(&h(
+            "pgio_futex_wait_seconds",
+            &[("app", "longhorn"), ("role", "engine"), vol_l],
+        )),
+        replica_preads: d("pgio_syscall_seconds_count", &replica_read),
+        replica_pread_ms: ms(&h("pgio_syscall_seconds", &replica_read)),
+        backing_reads_diskstats: (b1.reads_completed - b0.reads_completed) as f64,
+        backing_reads_replica: d("pgio_block_io_requests_total", &backing_replica),
+        backing_ms: ms(&h("pgio_block_io_device_seconds", &backing_replica)),
+        excerpt,
+    };
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+    drop(fs);
+    drop(vol);
+    layers
+}
+
+/// A scrape with both devices' diskstats unchanged across it (no request completing).
+fn quiet_snapshot(
+    daemon: &pgio_testkit::Daemon,
+    vol: &LonghornVolume,
+    lo: &str,
+    backing: &str,
+) -> (Metrics, DiskStats, DiskStats) {
+    for _ in 0..100 {
+        vol.wait_quiet(Duration::from_secs(5));
+        let (a1, b1) = (
+            diskstats(lo).expect("diskstats"),
+            diskstats(backing).expect("diskstats"),
+        );
+        let m = daemon.scrape().expect("scrape");
+        let (a2, b2) = (
+            diskstats(lo).expect("diskstats"),
+            diskstats(backing).expect("diskstats"),
+        );
+        if a1 == a2 && b1 == b2 {
+            return (m, a2, b2);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{lo}/{backing} never went quiet for the length of a scrape");
+}
+
+/// Counters of the volume's layers (no buckets), for the README.
+fn excerpt(m: &Metrics, volume: &str, lo: &str) -> String {
+    let mut out = String::new();
+    for s in m.all() {
+        let on_volume = s.labels.get("volume").is_some_and(|v| v == volume)
+            || s.labels.get("device").is_some_and(|d| d == lo);
+        let wanted = s.name.ends_with("_count")
+            || s.name == "pgio_block_io_requests_total"
+            || s.name == "pgio_device_info"
+            || s.name == "pgio_tracked_processes";
+        if on_volume && wanted {
+            let labels: Vec<String> = s
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{v}\""))
+                .collect();
+            out += &format!("{}{{{}}} {}\n", s.name, labels.join(","), s.value);
+        }
+    }
+    out
+}
