@@ -24,6 +24,7 @@ pub struct LoadProcess {
     pid: u32,
     reaped: bool,
     cpu_ns: Option<u64>,
+    done_fields: Vec<(String, u64)>,
 }
 
 impl LoadProcess {
@@ -54,6 +55,7 @@ impl LoadProcess {
             pid,
             reaped: false,
             cpu_ns: None,
+            done_fields: Vec::new(),
         };
         let line = lp.read_line().context("waiting for `ready <pid>`")?;
         let announced: u32 = line
@@ -87,7 +89,17 @@ impl LoadProcess {
         self.cpu_ns
     }
 
-    /// Reads `done <n> <cpu_ns>`, waits for the exit and fails unless it exited 0. Returns n.
+    /// A mode-specific `key=value` field of the `done` line (e.g. io-uring's `completions`),
+    /// once `wait_done` returned.
+    pub fn done_field(&self, key: &str) -> Option<u64> {
+        self.done_fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+    }
+
+    /// Reads `done <n> <cpu_ns> [key=value...]`, waits for the exit and fails unless it
+    /// exited 0. Returns n.
     pub fn wait_done(&mut self) -> Result<u64> {
         let line = self.read_line().context("waiting for `done <n>`")?;
         let mut fields = line.strip_prefix("done ").unwrap_or_default().split(' ');
@@ -96,6 +108,7 @@ impl LoadProcess {
             .and_then(|n| n.trim().parse().ok())
             .with_context(|| format!("expected `done <n> <cpu_ns>`, got {line:?}"));
         self.cpu_ns = fields.next().and_then(|c| c.trim().parse().ok());
+        self.done_fields = parse_done_fields(fields);
         self.stdin = None;
         let status = self.child.wait().context("waiting for pgio-load")?;
         self.reaped = true;
@@ -143,6 +156,16 @@ impl Drop for LoadProcess {
         }
         let _ = self.child.wait();
     }
+}
+
+/// `key=value` pairs with a u64 value; anything else is ignored.
+fn parse_done_fields<'a>(fields: impl Iterator<Item = &'a str>) -> Vec<(String, u64)> {
+    fields
+        .filter_map(|f| {
+            let (k, v) = f.split_once('=')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// Path of the `pgio-load` binary for integration tests of any workspace crate:
@@ -261,6 +284,14 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_done_fields() {
+        assert_eq!(
+            parse_done_fields("reads=5 iou_wrk_threads=3 junk x=y".split(' ')),
+            vec![("reads".to_owned(), 5), ("iou_wrk_threads".to_owned(), 3)]
+        );
+    }
 
     #[test]
     fn profile_dir_from_test_and_bin_paths() {

@@ -2,13 +2,27 @@
 //!
 //! Protocol: all setup (open, size probe, buffer allocation) happens first, then it prints
 //! `ready <pid>` on stdout and blocks reading one line from stdin. After any line (e.g. "go")
-//! it issues exactly the requested syscalls via libc, prints `done <n>` (n = number of
-//! counted syscalls) and exits 0. Any failure exits non-zero with a message on stderr.
+//! it issues exactly the requested syscalls via libc, prints `done <n> <cpu_ns>` (n = number
+//! of counted syscalls, cpu_ns = CPU time of the IO loop), followed by mode-specific
+//! `key=value` fields, and exits 0. Any failure exits non-zero with a message on stderr.
 //!
 //! Subcommands:
 //!   direct-read <path> <count> <block_size>   O_DIRECT pread64 x count, sequential, wrapping
 //!   pread <path> <n_pread64> <n_preadv>       8 KiB pread64 x N, then 2x4 KiB preadv x M
 //!   futex-wait <n> <ms>                        FUTEX_WAIT_BITSET with absolute timeout x n
+//!   io-uring <path> <count> <qd> <async|inline>
+//!                                              O_DIRECT 8 KiB reads x count through io_uring,
+//!                                              at most qd in flight; `async` sets IOSQE_ASYNC
+//!                                              on every SQE, so the kernel's io-wq workers
+//!                                              (`iou-wrk-<pid>` threads of this process) issue
+//!                                              the block IO instead of io_uring_enter itself.
+//!                                              n = io_uring_enter calls; extra fields
+//!                                              `reads= submitted= completions= bytes=
+//!                                              iou_wrk_threads=` (threads alive at the end).
+//!
+//! io-uring reads go to every other 8 KiB block (offsets 0, 16 KiB, 32 KiB, ...) so that no
+//! two reads are adjacent: the block layer can never merge two into one request, and on a
+//! device with no other IO the device's read requests equal `reads` exactly.
 
 use std::ffi::CString;
 use std::io::{BufRead, Write};
@@ -16,17 +30,24 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
+use io_uring::{IoUring, opcode, squeue, types};
 
 const USAGE: &str = "usage:
   pgio-load direct-read <path> <count> <block_size>
   pgio-load pread <path> <n_pread64> <n_preadv>
-  pgio-load futex-wait <n> <ms>";
+  pgio-load futex-wait <n> <ms>
+  pgio-load io-uring <path> <count> <queue_depth> <async|inline>";
 
 /// `_IOR(0x12, 114, size_t)` from <linux/fs.h>; not exported by the libc crate.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const DIRECT_IO_ALIGN: usize = 4096;
 const PREAD_SIZE: usize = 8192;
 const PREADV_IOV_SIZE: usize = 4096;
+const URING_READ_SIZE: usize = 8192;
+/// Distance between two io-uring read offsets: one unread block between reads, no merges.
+const URING_STRIDE: u64 = 2 * URING_READ_SIZE as u64;
+/// More in flight than io-wq's bounded workers (4 per CPU) or the ring allows is pointless.
+const URING_MAX_QD: u32 = 4096;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Cmd {
@@ -43,6 +64,12 @@ enum Cmd {
     FutexWait {
         n: u64,
         ms: u64,
+    },
+    IoUring {
+        path: PathBuf,
+        count: u64,
+        queue_depth: u32,
+        force_async: bool,
     },
 }
 
@@ -75,6 +102,24 @@ fn parse_args(args: &[String]) -> Result<Cmd> {
             n: parse_num("n", n)?,
             ms: parse_num("ms", ms)?,
         }),
+        ["io-uring", path, count, qd, issue] => {
+            let queue_depth: u32 = parse_num("queue_depth", qd)?;
+            ensure!(
+                (1..=URING_MAX_QD).contains(&queue_depth),
+                "queue_depth must be 1..={URING_MAX_QD}, got {queue_depth}"
+            );
+            let force_async = match *issue {
+                "async" => true,
+                "inline" => false,
+                other => bail!("issue mode must be `async` or `inline`, got {other:?}"),
+            };
+            Ok(Cmd::IoUring {
+                path: PathBuf::from(path),
+                count: parse_num("count", count)?,
+                queue_depth,
+                force_async,
+            })
+        }
         _ => bail!("bad arguments: {args:?}"),
     }
 }
@@ -187,6 +232,31 @@ enum Prepared {
         n: u64,
         ms: u64,
     },
+    IoUring {
+        // Declared before `fd`: the ring (and its io-wq workers) goes first.
+        ring: Box<IoUring>,
+        fd: Fd,
+        /// One 8 KiB buffer per queue slot; a slot is reused only after its completion.
+        bufs: Vec<AlignedBuf>,
+        count: u64,
+        force_async: bool,
+        slots: u64,
+    },
+}
+
+/// What `execute` did: the counted syscalls and mode-specific `key=value` fields.
+struct Report {
+    counted: u64,
+    fields: Vec<(&'static str, u64)>,
+}
+
+impl From<u64> for Report {
+    fn from(counted: u64) -> Self {
+        Report {
+            counted,
+            fields: Vec::new(),
+        }
+    }
 }
 
 fn prepare(cmd: Cmd) -> Result<Prepared> {
@@ -229,10 +299,38 @@ fn prepare(cmd: Cmd) -> Result<Prepared> {
             }
         }
         Cmd::FutexWait { n, ms } => Prepared::FutexWait { n, ms },
+        Cmd::IoUring {
+            path,
+            count,
+            queue_depth,
+            force_async,
+        } => {
+            let fd = open(&path, libc::O_RDONLY | libc::O_DIRECT)?;
+            let size = size_of(&fd, &path)?;
+            let slots = size / URING_STRIDE;
+            ensure!(
+                slots > 0,
+                "{} ({size} bytes) is smaller than {URING_STRIDE} bytes",
+                path.display()
+            );
+            // Setting up the ring is io_uring_setup, not io_uring_enter: not counted.
+            let ring = Box::new(IoUring::new(queue_depth).context("io_uring_setup")?);
+            let bufs = (0..queue_depth)
+                .map(|_| AlignedBuf::new(URING_READ_SIZE))
+                .collect::<Result<Vec<_>>>()?;
+            Prepared::IoUring {
+                ring,
+                fd,
+                bufs,
+                count,
+                force_async,
+                slots,
+            }
+        }
     })
 }
 
-fn execute(p: Prepared) -> Result<u64> {
+fn execute(p: Prepared) -> Result<Report> {
     match p {
         Prepared::DirectRead {
             fd,
@@ -256,7 +354,7 @@ fn execute(p: Prepared) -> Result<u64> {
                     "pread64 #{i} at offset {off}: short read {r} of {block_size}"
                 );
             }
-            Ok(count)
+            Ok(count.into())
         }
         Prepared::Pread {
             fd,
@@ -298,10 +396,143 @@ fn execute(p: Prepared) -> Result<u64> {
                         .with_context(|| format!("preadv #{i}"));
                 }
             }
-            Ok(n_pread64 + n_preadv)
+            Ok((n_pread64 + n_preadv).into())
         }
-        Prepared::FutexWait { n, ms } => futex_waits(n, ms),
+        Prepared::FutexWait { n, ms } => futex_waits(n, ms).map(Report::from),
+        Prepared::IoUring {
+            mut ring,
+            fd,
+            bufs,
+            count,
+            force_async,
+            slots,
+        } => {
+            let r = match uring_reads(&mut ring, &fd, &bufs, count, force_async, slots) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Reads may still be in flight into these buffers: never free them.
+                    std::mem::forget(bufs);
+                    return Err(e);
+                }
+            };
+            // io-wq workers idle for seconds before they exit: the ones that did the reads
+            // are still there.
+            let threads = iou_wrk_threads().context("listing /proc/self/task")?;
+            Ok(Report {
+                counted: r.enters,
+                fields: vec![
+                    ("reads", count),
+                    ("submitted", r.submitted),
+                    ("completions", r.completions),
+                    ("bytes", r.bytes),
+                    ("iou_wrk_threads", threads),
+                ],
+            })
+        }
     }
+}
+
+struct UringResult {
+    /// io_uring_enter syscalls made, failed ones (EINTR, EAGAIN, EBUSY) included.
+    enters: u64,
+    /// SQEs the kernel consumed, as io_uring_enter returned.
+    submitted: u64,
+    completions: u64,
+    bytes: u64,
+}
+
+/// `count` 8 KiB reads through `ring`, at most `bufs.len()` in flight: fill the submission
+/// queue, then one `io_uring_enter(to_submit, min_complete = 1, GETEVENTS)` that submits and
+/// waits, then reap every completion there is. Each `submit_and_wait` is exactly one
+/// io_uring_enter (no SQPOLL), and nothing else here enters the ring.
+fn uring_reads(
+    ring: &mut IoUring,
+    fd: &Fd,
+    bufs: &[AlignedBuf],
+    count: u64,
+    force_async: bool,
+    slots: u64,
+) -> Result<UringResult> {
+    let flags = if force_async {
+        squeue::Flags::ASYNC
+    } else {
+        squeue::Flags::empty()
+    };
+    let mut free: Vec<usize> = (0..bufs.len()).rev().collect();
+    let mut offsets = vec![0u64; bufs.len()];
+    let mut res = UringResult {
+        enters: 0,
+        submitted: 0,
+        completions: 0,
+        bytes: 0,
+    };
+    let mut next = 0u64;
+    while res.completions < count {
+        {
+            let mut sq = ring.submission();
+            while next < count {
+                let Some(slot) = free.pop() else { break };
+                let off = nth_offset(next, slots, URING_STRIDE);
+                offsets[slot] = off;
+                let sqe =
+                    opcode::Read::new(types::Fd(fd.0), bufs[slot].ptr, URING_READ_SIZE as u32)
+                        .offset(off)
+                        .build()
+                        .flags(flags)
+                        .user_data(slot as u64);
+                // SAFETY: the buffer of `slot` stays allocated and untouched until the
+                // completion carrying `slot` is reaped; the fd outlives the ring's use.
+                unsafe { sq.push(&sqe) }
+                    .map_err(|_| anyhow::anyhow!("submission queue full at read #{next}"))?;
+                next += 1;
+            }
+        }
+        res.enters += 1;
+        match ring.submit_and_wait(1) {
+            Ok(n) => res.submitted += n as u64,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("io_uring_enter #{}", res.enters));
+            }
+        }
+        for cqe in ring.completion() {
+            let slot = cqe.user_data() as usize;
+            ensure!(
+                slot < bufs.len(),
+                "completion with unknown user_data {slot}"
+            );
+            let r = cqe.result();
+            if r < 0 {
+                return Err(std::io::Error::from_raw_os_error(-r))
+                    .with_context(|| format!("io_uring read at offset {}", offsets[slot]));
+            }
+            ensure!(
+                r as usize == URING_READ_SIZE,
+                "io_uring read at offset {}: short read {r} of {URING_READ_SIZE}",
+                offsets[slot]
+            );
+            res.completions += 1;
+            res.bytes += r as u64;
+            free.push(slot);
+        }
+    }
+    Ok(res)
+}
+
+/// Threads of this process whose name starts with `iou-wrk-` (io_uring's io-wq workers).
+fn iou_wrk_threads() -> Result<u64> {
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let comm = std::fs::read_to_string(entry?.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("iou-wrk-") {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 fn futex_waits(n: u64, ms: u64) -> Result<u64> {
@@ -366,12 +597,16 @@ fn run(cmd: Cmd) -> Result<u64> {
         .context("reading go line")?;
     ensure!(n > 0, "stdin closed before the go line");
     let cpu_before = process_cpu_ns();
-    let done = execute(prepared)?;
+    let report = execute(prepared)?;
     // CPU time of the IO loop alone (user + system, BPF programs on its syscalls included).
     let cpu_ns = process_cpu_ns().saturating_sub(cpu_before);
-    writeln!(out, "done {done} {cpu_ns}").context("writing done")?;
+    let mut line = format!("done {} {cpu_ns}", report.counted);
+    for (k, v) in &report.fields {
+        line.push_str(&format!(" {k}={v}"));
+    }
+    writeln!(out, "{line}").context("writing done")?;
     out.flush().context("flushing done")?;
-    Ok(done)
+    Ok(report.counted)
 }
 
 fn main() {
@@ -426,6 +661,66 @@ mod tests {
         assert!(parse_args(&args("futex-wait -1 20")).is_err());
         assert!(parse_args(&args("futex-wait 1")).is_err());
         assert!(parse_args(&args("nope")).is_err());
+        assert_eq!(
+            parse_args(&args("io-uring /dev/loop7 5000 8 async")).unwrap(),
+            Cmd::IoUring {
+                path: "/dev/loop7".into(),
+                count: 5000,
+                queue_depth: 8,
+                force_async: true
+            }
+        );
+        assert_eq!(
+            parse_args(&args("io-uring /f 1 1 inline")).unwrap(),
+            Cmd::IoUring {
+                path: "/f".into(),
+                count: 1,
+                queue_depth: 1,
+                force_async: false
+            }
+        );
+        assert!(parse_args(&args("io-uring /f 1 0 async")).is_err(), "qd 0");
+        assert!(parse_args(&args("io-uring /f 1 8 sometimes")).is_err());
+        assert!(parse_args(&args("io-uring /f 1 8")).is_err());
+    }
+
+    #[test]
+    fn io_uring_reads_complete_every_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        std::fs::write(&path, vec![3u8; 64 * 1024]).unwrap();
+        for force_async in [false, true] {
+            let cmd = Cmd::IoUring {
+                path: path.clone(),
+                count: 10,
+                queue_depth: 3,
+                force_async,
+            };
+            let prepared = match prepare(cmd) {
+                Ok(p) => p,
+                // No O_DIRECT on this filesystem, or io_uring disabled (sandbox, sysctl).
+                Err(e) => return eprintln!("skipped: {e:#}"),
+            };
+            let r = execute(prepared).unwrap();
+            let field = |k: &str| r.fields.iter().find(|(n, _)| *n == k).unwrap().1;
+            assert_eq!(field("reads"), 10);
+            assert_eq!(field("submitted"), 10);
+            assert_eq!(field("completions"), 10);
+            assert_eq!(field("bytes"), 10 * URING_READ_SIZE as u64);
+            // At most 3 in flight: at least ceil(10 / 3) submit-and-wait calls.
+            assert!((4..=10).contains(&r.counted), "{} enters", r.counted);
+        }
+    }
+
+    #[test]
+    fn io_uring_offsets_are_never_adjacent() {
+        let slots = 5;
+        let offs: Vec<u64> = (0..slots)
+            .map(|i| nth_offset(i, slots, URING_STRIDE))
+            .collect();
+        for w in offs.windows(2) {
+            assert!(w[1] - w[0] > URING_READ_SIZE as u64);
+        }
     }
 
     #[test]
