@@ -154,6 +154,11 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
         got,
         "both formats carry the same labels"
     );
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("pgio_tracked_processes{") && l.contains("client backend"))
+        .collect();
+    eprintln!("pg_hostile: /metrics excerpt:\n{}", lines.join("\n"));
     eprintln!(
         "{} client backends with hostile names, all labelled as pg_stat_activity says; promtool: {}",
         want.len(),
