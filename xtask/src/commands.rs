@@ -31,6 +31,48 @@ fn report_tracefs() {
     }
 }
 
+/// The Longhorn stand-in (Go, test-only): `gofmt -l` must list nothing, `go vet` must pass.
+fn go_lint(root: &Path) -> Result<()> {
+    let dir = root.join("longhorn-standin");
+    let go = go_bin()?;
+    let gofmt = go.with_file_name("gofmt");
+    timed("gofmt -l longhorn-standin", || {
+        let out = Command::new(&gofmt)
+            .arg("-l")
+            .arg(".")
+            .current_dir(&dir)
+            .output()
+            .with_context(|| format!("running {}", gofmt.display()))?;
+        let listed = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            out.status.success() && listed.trim().is_empty(),
+            "gofmt would change:\n{listed}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    })?;
+    let mut vet = Command::new(&go);
+    vet.args(["vet", "./..."])
+        .current_dir(&dir)
+        .env("GOTOOLCHAIN", "local");
+    timed("go vet ./... (longhorn-standin)", || run_quiet(&mut vet))
+}
+
+/// `go` on PATH, else Go's default install location.
+fn go_bin() -> Result<std::path::PathBuf> {
+    let on_path = env::var_os("PATH")
+        .map(|p| env::split_paths(&p).map(|d| d.join("go")).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([std::path::PathBuf::from("/usr/local/go/bin/go")])
+        .find(|p| p.is_file())
+        .context(
+            "no Go toolchain (`go` on PATH or /usr/local/go/bin/go): the Longhorn stand-in the \
+             tests run is Go (longhorn-standin/go.mod says which version)",
+        )
+}
+
 /// `cargo <args>` in the workspace root (so rust-toolchain.toml applies).
 fn cargo(root: &Path) -> Command {
     let mut cmd = Command::new("cargo");
@@ -105,6 +147,7 @@ fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
         .args(["clippy", "--all-targets", "--", "-D", "warnings"])
         .env("AYA_BUILD_SKIP", "1");
     timed(&describe(&clippy), || run_quiet(&mut clippy))?;
+    go_lint(root)?;
 
     let mut cmd = cargo(root);
     cmd.args(["test", "--release"]).args(extra);
