@@ -11,7 +11,13 @@
 //!
 //! Both loop devices use direct IO and the FUSE file is opened FOPEN_DIRECT_IO, so each
 //! O_DIRECT read of the volume device is exactly one replica read and one block read on the
-//! backing device. See DESIGN.md §5 for the real processes this mimics.
+//! backing device. Concurrent requests stay concurrent end to end, as with tgtd in front of
+//! the real engine: the FUSE mount negotiates async direct IO (else the loop worker would
+//! wait for each FUSE request before submitting the next), go-fuse serves requests in
+//! parallel, the engine's socket and replica connections carry many requests at once, and
+//! engine and replicas run a goroutine per request; [`EngineStats::max_inflight`] and
+//! [`ReplicaStats::max_inflight`] show it. See DESIGN.md §5 for the real processes this
+//! mimics.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -75,6 +81,10 @@ pub struct ReplicaStats {
     pub write_bytes: u64,
     /// The revision counter (bumped once per write).
     pub revision: u64,
+    /// Requests from the engine being served now (until the reply is sent).
+    pub inflight: u64,
+    /// The most requests it has served at once since it started.
+    pub max_inflight: u64,
 }
 
 /// Counters the engine reports (frontend requests since it started).
@@ -84,6 +94,10 @@ pub struct EngineStats {
     pub writes: u64,
     pub flushes: u64,
     pub unmaps: u64,
+    /// Frontend requests being served now.
+    pub inflight: u64,
+    /// The most frontend requests it has served at once since it started.
+    pub max_inflight: u64,
 }
 
 /// One started stand-in process.
@@ -364,6 +378,8 @@ impl LonghornVolume {
                     read_bytes: field(&m, "read_bytes")?,
                     write_bytes: field(&m, "write_bytes")?,
                     revision: field(&m, "revision")?,
+                    inflight: field(&m, "inflight")?,
+                    max_inflight: field(&m, "max_inflight")?,
                 })
             })
             .collect()
@@ -382,6 +398,8 @@ impl LonghornVolume {
             writes: field(&m, "writes")?,
             flushes: field(&m, "flushes")?,
             unmaps: field(&m, "unmaps")?,
+            inflight: field(&m, "inflight")?,
+            max_inflight: field(&m, "max_inflight")?,
         })
     }
 

@@ -11,9 +11,11 @@
 //
 // The mountpoint holds one file named after the volume. Every open is FOPEN_DIRECT_IO, so no
 // page cache sits between the loop device and the engine: one loop request is one FUSE
-// request is one engine request (up to --max-io bytes, 1 MiB by default). Prints
-// "READY fuse <file>" once mounted; SIGTERM/SIGINT unmount and exit. Mounts with mount(2)
-// directly (needs root; there is no fusermount here).
+// request is one engine request (up to --max-io bytes, 1 MiB by default). The mount
+// negotiates async direct IO and serves requests in parallel over the one (multiplexed)
+// engine connection, so the loop device's queue depth reaches the engine, as tgtd's does.
+// Prints "READY fuse <file>" once mounted; SIGTERM/SIGINT unmount and exit. Mounts with
+// mount(2) directly (needs root; there is no fusermount here).
 package main
 
 import (
@@ -180,7 +182,13 @@ func main() {
 			FsName:            "longhorn-" + *volume,
 			Name:              "longhorn",
 			MaxWrite:          *maxIO,
-			MaxBackground:     128, // loop's async direct IO is FUSE background requests
+			// The loop device submits its direct IO as async kiocbs. Without ASYNC_DIO the
+			// kernel turns each into a synchronous FUSE request, so the loop worker waits for
+			// one request to finish before it submits the next: one engine request in flight
+			// however deep the device queue. With it, they go out as background requests,
+			// up to MaxBackground at once, as tgtd keeps many engine requests in flight.
+			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
+			MaxBackground:     128,
 			DisableXAttrs:     true,
 			Debug:             *debug,
 		},
@@ -190,6 +198,10 @@ func main() {
 	})
 	if err != nil {
 		fatal(err)
+	}
+	if server.KernelSettings().Flags64()&fuse.CAP_ASYNC_DIO == 0 {
+		fmt.Fprintln(os.Stderr, "longhorn-fuse: kernel does not offer FUSE_ASYNC_DIO: "+
+			"the loop device will send one request at a time")
 	}
 	fmt.Printf("READY fuse %s\n", filepath.Join(mnt, *volume))
 

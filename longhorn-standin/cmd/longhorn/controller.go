@@ -34,6 +34,7 @@ type controller struct {
 	next     atomic.Uint32
 
 	reads, writes, flushes, unmaps atomic.Uint64
+	inflight                       inflight // frontend requests being served
 }
 
 func runController(g globals, args []string) error {
@@ -119,11 +120,14 @@ func connectReplica(url string) (*replicaConns, error) {
 
 // handle runs in its own goroutine per frontend request (wire.Serve).
 func (c *controller) handle(req *wire.Request) ([]byte, syscall.Errno) {
-	switch req.Op {
-	case wire.OpStats:
-		return []byte(fmt.Sprintf("reads=%d writes=%d flushes=%d unmaps=%d\n",
-			c.reads.Load(), c.writes.Load(), c.flushes.Load(), c.unmaps.Load())), 0
-	case wire.OpFlush:
+	if req.Op == wire.OpStats {
+		return []byte(fmt.Sprintf("reads=%d writes=%d flushes=%d unmaps=%d inflight=%d max_inflight=%d\n",
+			c.reads.Load(), c.writes.Load(), c.flushes.Load(), c.unmaps.Load(),
+			c.inflight.cur.Load(), c.inflight.max.Load())), 0
+	}
+	c.inflight.enter()
+	defer c.inflight.leave()
+	if req.Op == wire.OpFlush {
 		// Longhorn's data connection has no sync message: replica writes are O_DIRECT and
 		// acknowledged, so a frontend flush completes at the engine.
 		c.flushes.Add(1)

@@ -38,6 +38,7 @@ type replica struct {
 
 	revision                                     atomic.Uint64
 	reads, writes, unmaps, readBytes, writeBytes atomic.Uint64
+	inflight                                     inflight // until the reply is sent
 }
 
 func runReplica(g globals, args []string) error {
@@ -134,6 +135,10 @@ func acceptLoop(l net.Listener, alloc func(int) []byte, h wire.Handler) {
 }
 
 func (r *replica) handle(req *wire.Request) ([]byte, syscall.Errno) {
+	if req.Op != wire.OpStats {
+		r.inflight.enter()
+		defer r.inflight.leave()
+	}
 	data, errno := r.serve(req)
 	if r.latency > 0 && req.Op != wire.OpStats {
 		// After the IO, before the reply: the engine (and everything above it) sees the
@@ -149,9 +154,9 @@ func (r *replica) handle(req *wire.Request) ([]byte, syscall.Errno) {
 func (r *replica) serve(req *wire.Request) ([]byte, syscall.Errno) {
 	switch req.Op {
 	case wire.OpStats:
-		return []byte(fmt.Sprintf("reads=%d writes=%d unmaps=%d read_bytes=%d write_bytes=%d revision=%d\n",
+		return []byte(fmt.Sprintf("reads=%d writes=%d unmaps=%d read_bytes=%d write_bytes=%d revision=%d inflight=%d max_inflight=%d\n",
 			r.reads.Load(), r.writes.Load(), r.unmaps.Load(), r.readBytes.Load(), r.writeBytes.Load(),
-			r.revision.Load())), 0
+			r.revision.Load(), r.inflight.cur.Load(), r.inflight.max.Load())), 0
 	case wire.OpFlush:
 		return nil, errnoOf(unix.Fdatasync(r.head))
 	}
