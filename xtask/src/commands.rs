@@ -61,7 +61,11 @@ fn go_lint(root: &Path) -> Result<()> {
 /// `go` on PATH, else Go's default install location.
 fn go_bin() -> Result<std::path::PathBuf> {
     let on_path = env::var_os("PATH")
-        .map(|p| env::split_paths(&p).map(|d| d.join("go")).collect::<Vec<_>>())
+        .map(|p| {
+            env::split_paths(&p)
+                .map(|d| d.join("go"))
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     on_path
         .into_iter()
