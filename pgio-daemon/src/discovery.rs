@@ -91,7 +91,13 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
         kthread: stat.flags & PF_KTHREAD != 0,
     };
     if crate::classifier::postgres::is_postgres(&info) {
-        info.cwd = p.cwd().ok().map(|c| c.to_string_lossy().into_owned());
+        // Only once it is the data directory: a postmaster changes into it after exec.
+        let in_data_dir = std::path::Path::new(&format!("/proc/{pid}/cwd/PG_VERSION")).exists();
+        info.cwd = p
+            .cwd()
+            .ok()
+            .filter(|_| in_data_dir)
+            .map(|c| c.to_string_lossy().into_owned());
         info.parent_comm = procfs::process::Process::new(ppid)
             .and_then(|parent| parent.stat())
             .ok()
@@ -191,7 +197,12 @@ impl Discovery {
         if pid == self.self_pid {
             return true;
         }
-        match read_process(pid) {
+        let info = read_process(pid);
+        self.apply(pid, info)
+    }
+
+    fn apply(&mut self, pid: u32, info: Option<ProcessInfo>) -> bool {
+        match info {
             Some(info) => {
                 if let Some(dir) = self.classifier.learn(&info) {
                     self.relabel_cluster(&dir);
@@ -279,13 +290,7 @@ impl Discovery {
 
     fn handle(&mut self, ev: LifecycleEvent) {
         match LifecycleKind::from_u32(ev.kind) {
-            Some(LifecycleKind::Exec) => {
-                // A new postmaster changes into its data directory (its cluster label) only
-                // after exec: look again like after a fork.
-                if !self.classify_now(ev.pid) {
-                    self.schedule(ev.pid, 0);
-                }
-            }
+            Some(LifecycleKind::Exec) => self.exec(ev.pid),
             Some(LifecycleKind::Fork) => {
                 let mut shared = lock(&self.shared);
                 let mut series = ev.series;
@@ -314,6 +319,41 @@ impl Discovery {
         }
     }
 
+    fn exec(&mut self, pid: u32) {
+        if pid == self.self_pid {
+            return;
+        }
+        let info = read_process(pid);
+        let labels = info.as_ref().and_then(|i| self.classifier.classify(i));
+        if let Some(labels) = labels.filter(Classifier::is_provisional) {
+            // A new postmaster only changes into its data directory (its cluster label) after
+            // exec: book it under its own provisional series until then, as a forked child.
+            let mut shared = lock(&self.shared);
+            let id = shared.registry.intern(labels);
+            if self.kernel_map.set(pid, PROVISIONAL | pid, 0).is_ok() {
+                shared.provisional.forked(pid, id);
+                shared.pids.insert(pid, id);
+            }
+        } else if self.apply(pid, info) {
+            return;
+        }
+        self.schedule(pid, 0);
+    }
+
+    /// Still unclassified after the last look: its events go to the provisional labels'
+    /// series from now on (`starting`, or a postmaster without a data directory).
+    fn give_up(&mut self, pid: u32) {
+        let mut shared = lock(&self.shared);
+        if !shared.provisional.is_open(pid) {
+            return;
+        }
+        if let Some(&id) = shared.pids.get(&pid)
+            && self.kernel_map.set(pid, id, 0).is_ok()
+        {
+            shared.provisional.resolved(pid, id);
+        }
+    }
+
     fn schedule(&mut self, pid: u32, attempt: usize) {
         if let Some(delay) = RECLASSIFY_AFTER.get(attempt) {
             self.pending
@@ -329,7 +369,11 @@ impl Discovery {
             }
             self.pending.pop();
             if lock(&self.shared).pids.contains_key(&pid) && !self.classify_now(pid) {
-                self.schedule(pid, attempt + 1);
+                if attempt + 1 < RECLASSIFY_AFTER.len() {
+                    self.schedule(pid, attempt + 1);
+                } else {
+                    self.give_up(pid);
+                }
             }
         }
     }

@@ -30,6 +30,9 @@ fn new_backends_leave_the_provisional_series_quickly() {
     pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
         .expect("pgbench -i");
 
+    // Only this cluster's series: others may run on the machine.
+    let data_dir = std::fs::canonicalize(pg.data_dir()).expect("data directory");
+    let cluster = data_dir.to_str().expect("UTF-8 path");
     let daemon = Daemon::start(&[]).expect("daemon");
     daemon.wait_tracked("postgres", "postmaster");
     let before = daemon.scrape();
@@ -43,24 +46,41 @@ fn new_backends_leave_the_provisional_series_quickly() {
         .and_then(|v| v.split('/').next()?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no transaction count in pgbench output:\n{out}"));
 
-    let pg_total = delta(&before, &after, SYSCALLS, &[("app", "postgres")]);
+    let pg_total = delta(
+        &before,
+        &after,
+        SYSCALLS,
+        &[("app", "postgres"), ("cluster", cluster)],
+    );
     let starting = delta(
         &before,
         &after,
         SYSCALLS,
-        &[("app", "postgres"), ("role", "starting")],
+        &[
+            ("app", "postgres"),
+            ("role", "starting"),
+            ("cluster", cluster),
+        ],
     );
     let postmaster = delta(
         &before,
         &after,
         SYSCALLS,
-        &[("app", "postgres"), ("role", "postmaster")],
+        &[
+            ("app", "postgres"),
+            ("role", "postmaster"),
+            ("cluster", cluster),
+        ],
     );
     let backends = delta(
         &before,
         &after,
         SYSCALLS,
-        &[("app", "postgres"), ("role", "client backend")],
+        &[
+            ("app", "postgres"),
+            ("role", "client backend"),
+            ("cluster", cluster),
+        ],
     );
     let untracked = delta(&before, &after, SYSCALLS, &[("app", "other")]);
     let share = starting / pg_total;
@@ -94,10 +114,10 @@ fn new_backends_leave_the_provisional_series_quickly() {
         std::time::Duration::from_secs(5),
         std::time::Duration::from_millis(100),
         || {
-            daemon
-                .scrape()
-                .sum("pgio_tracked_processes", &[("role", "starting")])
-                == 0.0
+            daemon.scrape().sum(
+                "pgio_tracked_processes",
+                &[("role", "starting"), ("cluster", cluster)],
+            ) == 0.0
         },
     );
     assert!(

@@ -5,7 +5,7 @@
 //!
 //! Asserted:
 //! - every process of each postmaster (itself and every child, from /proc) is tracked under
-//!   its cluster's label, and no Postgres series has any other cluster;
+//!   its cluster's label;
 //! - a cold seq scan in A: ≥ 95 % of A's device reads are on A's client backend, none on
 //!   `bravo`'s series, and B's backends make no read syscall; then the same the other way.
 
@@ -98,7 +98,10 @@ fn two_clusters_stay_apart() {
                 )
             })
             .collect();
+        // Other clusters may run on the machine: a process of ours under any other label
+        // shows as a shortfall here.
         got = by_cluster(&daemon.scrape());
+        got.retain(|k, _| want.contains_key(k));
         got == want
     });
     assert!(

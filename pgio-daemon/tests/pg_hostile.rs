@@ -73,6 +73,8 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
     }
     pg.psql("checkpoint").expect("checkpoint");
 
+    let data_dir = std::fs::canonicalize(pg.data_dir()).expect("data directory");
+    let cluster = data_dir.to_str().expect("UTF-8 path");
     let daemon = Daemon::start(&[]).expect("daemon");
     daemon.wait_tracked("postgres", "checkpointer");
     // Forked while pgio runs: classified through the fork path.
@@ -94,7 +96,7 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
 
     let mut got = BTreeMap::new();
     let labelled = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        got = tracked_client_backends(&daemon.scrape());
+        got = tracked_client_backends(&daemon.scrape(), cluster);
         want_count.iter().all(|(k, n)| got.get(k) == Some(n))
     });
     assert!(
@@ -150,7 +152,7 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
     );
     let om = Metrics::parse(&openmetrics).expect("OpenMetrics parses");
     assert_eq!(
-        tracked_client_backends(&om),
+        tracked_client_backends(&om, cluster),
         got,
         "both formats carry the same labels"
     );
@@ -194,11 +196,16 @@ fn unhex(h: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
-fn tracked_client_backends(m: &Metrics) -> BTreeMap<(String, String), f64> {
+/// Client backends of the cluster whose label is `cluster` (others may run on the machine).
+fn tracked_client_backends(m: &Metrics, cluster: &str) -> BTreeMap<(String, String), f64> {
     let mut out = BTreeMap::new();
     for s in m.matching(
         "pgio_tracked_processes",
-        &[("app", "postgres"), ("role", "client backend")],
+        &[
+            ("app", "postgres"),
+            ("role", "client backend"),
+            ("cluster", cluster),
+        ],
     ) {
         if s.value > 0.0 {
             let get = |k: &str| s.labels.get(k).cloned().unwrap_or_default();

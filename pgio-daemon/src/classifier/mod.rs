@@ -19,8 +19,8 @@ pub struct ProcessInfo {
     pub cmdline: String,
     /// The same arguments, one per element (Longhorn's flags and subcommand).
     pub argv: Vec<String>,
-    /// Target of `/proc/<pid>/cwd`; read for Postgres only (the postmaster and every child
-    /// run in the data directory).
+    /// Target of `/proc/<pid>/cwd` once it is a data directory (holds `PG_VERSION`); read for
+    /// Postgres only (the postmaster changes into it early, children inherit it).
     pub cwd: Option<String>,
     /// `comm` of the parent; read for Postgres only (a postmaster's freshly forked child
     /// still has the postmaster's command line).
@@ -67,9 +67,12 @@ impl Classifier {
         Labels::app_role("postgres", postgres::STARTING)
     }
 
-    /// Labels that only say "not classified yet" (a child that has not set its title).
+    /// Labels that only say "not classified yet": a child that has not set its title, a
+    /// postmaster that has not changed into its data directory.
     pub fn is_provisional(labels: &Labels) -> bool {
-        labels.app == "postgres" && labels.role == postgres::STARTING
+        labels.app == "postgres"
+            && (labels.role == postgres::STARTING
+                || (labels.role == "postmaster" && labels.cluster.is_empty()))
     }
 
     /// Whether a process with these labels can still change them by retitling itself (so a
