@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pgdist;
 pub mod postgres;
 pub mod process;
+pub mod prometheus;
 pub mod promtool;
 
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ pub use metrics::{Metrics, Sample, scrape};
 pub use pgdist::pg_bin_dir;
 pub use postgres::{PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession};
 pub use process::{pid_alive, processes_with_cmdline_containing, processes_with_parent};
+pub use prometheus::{Json, PromSample, Prometheus, prometheus_bin};
 pub use promtool::promtool;
 pub use tempfile::TempDir;
 

@@ -1,6 +1,7 @@
 //! `promtool` (to validate pgio's exposition the way Prometheus parses it): from PATH if
 //! installed, else extracted from Debian's `prometheus` package into `<pg-dist root>/promtool/`
 //! with `apt-get download` + `dpkg-deb -x`, which installs nothing and starts no service.
+//! The same tree has the `prometheus` server binary ([`crate::prometheus`]).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -16,16 +17,23 @@ pub fn promtool() -> Result<PathBuf> {
     {
         return Ok(PathBuf::from("promtool"));
     }
+    Ok(debian_prometheus_tree()?.join("usr/bin/promtool"))
+}
+
+/// The unpacked tree of Debian's `prometheus` package (`usr/bin/prometheus`,
+/// `usr/bin/promtool`, …) in `<pg-dist root>/promtool/`, downloaded and unpacked on first use
+/// (parallel callers, also in other processes, wait on a lock file).
+pub(crate) fn debian_prometheus_tree() -> Result<PathBuf> {
     let root = dist_root()?;
     make_dir(&root)?;
     let _lock = lock(&root.join(".promtool.lock"))?;
     let dir = root.join("promtool");
-    let bin = dir.join("usr/bin/promtool");
-    if bin.exists() {
-        return Ok(bin);
+    let bins = ["usr/bin/promtool", "usr/bin/prometheus"];
+    if bins.iter().all(|b| dir.join(b).exists()) {
+        return Ok(dir);
     }
     eprintln!(
-        "pgio-testkit: extracting promtool from Debian's prometheus package into {}",
+        "pgio-testkit: extracting Debian's prometheus package into {}",
         dir.display()
     );
     let staging = root.join(".promtool.partial");
@@ -48,14 +56,12 @@ pub fn promtool() -> Result<PathBuf> {
     })?;
     let tree = staging.join("tree");
     cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree))?;
-    ensure!(
-        tree.join("usr/bin/promtool").exists(),
-        "{} has no usr/bin/promtool",
-        deb.display()
-    );
+    for b in bins {
+        ensure!(tree.join(b).exists(), "{} has no {b}", deb.display());
+    }
     remove_if_exists(&dir)?;
     std::fs::rename(&tree, &dir)
         .with_context(|| format!("renaming {} to {}", tree.display(), dir.display()))?;
     remove_if_exists(&staging)?;
-    Ok(bin)
+    Ok(dir)
 }

@@ -1,0 +1,720 @@
+//! The Grafana dashboards in `dashboards/` against real data.
+//!
+//! `dashboards_are_well_formed` (no root): each file is JSON in Grafana 10/11's schema with
+//! unique panel ids, non-overlapping panels, the `${datasource}` Prometheus variable on every
+//! panel, target and query variable, no UIDs but the dashboard's own, and no undefined
+//! variable in a query.
+//!
+//! `every_panel_query_returns_data` (root): the Longhorn stand-in (2 replicas, the volume's
+//! loop device given mq-deadline like a real Longhorn SCSI disk), ext4 and PostgreSQL 15 on
+//! it, pgio (`bpf_stats = true`) and a real Prometheus scraping pgio every second. A
+//! CHECKPOINT, `pgbench -S` at 1,000 tps for 15 s from a cold cache, `pgbench -N` for 3 s (WAL
+//! flushes, WALWriteLock waits), another CHECKPOINT. Then every dashboard's variables are
+//! resolved through Prometheus' API as Grafana does (`label_values(...)` → the label values
+//! API, then Grafana's escaping for single values, multiple values and "All"), and every panel
+//! target is run with `/api/v1/query` (`$__rate_interval` = 15 s): it must parse and — but for
+//! the targets in [`MAY_BE_EMPTY`], each with its reason — return at least one series with a
+//! finite value. Once with the variables' defaults ("All" where offered), and once more,
+//! parse-only, with one concrete value each. `--nocapture` prints every target's result.
+//! `PGIO_DASHBOARDS_HOLD_SECS=<n>` keeps everything up for n seconds before the queries and
+//! prints Prometheus' address, to try queries by hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pgio_testkit::{
+    Ext4Mount, Json, LonghornOptions, LonghornVolume, PgCluster, PgOptions, Prometheus, pg_bin_dir,
+    require_root, rules_config, temp_dir,
+};
+
+const DASHBOARDS: [&str; 3] = ["pgio-postgres", "pgio-longhorn-volume", "pgio-self"];
+
+/// Targets allowed to return no series (or only NaN) in this scenario: (dashboard uid, panel
+/// title, refId, why).
+const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[
+    (
+        "pgio-postgres",
+        "io workers: read latency p50 / p99 (reads done for backends)",
+        "A",
+        "PostgreSQL 15 has no io workers (PostgreSQL 18, io_method = worker)",
+    ),
+    (
+        "pgio-postgres",
+        "io workers: read latency p50 / p99 (reads done for backends)",
+        "B",
+        "PostgreSQL 15 has no io workers (PostgreSQL 18, io_method = worker)",
+    ),
+];
+
+const RATE_INTERVAL: &str = "15s";
+const INTERVAL: &str = "5s";
+const PGBENCH_SECS: u32 = 15;
+
+fn dashboards_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards")
+}
+
+fn load(name: &str) -> Json {
+    let path = dashboards_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    Json::parse(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e:#}", path.display()))
+}
+
+fn str_of<'a>(j: &'a Json, key: &str) -> Option<&'a str> {
+    j.get(key).and_then(Json::as_str)
+}
+
+fn bool_of(j: &Json, key: &str) -> bool {
+    j.get(key).and_then(Json::as_bool).unwrap_or(false)
+}
+
+/// Every panel, rows' nested `panels` included.
+fn panels(d: &Json) -> Vec<&Json> {
+    fn walk<'a>(list: &'a [Json], out: &mut Vec<&'a Json>) {
+        for p in list {
+            out.push(p);
+            if let Some(nested) = p.get("panels").and_then(Json::as_array) {
+                walk(nested, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        d.get("panels").and_then(Json::as_array).unwrap_or(&[]),
+        &mut out,
+    );
+    out
+}
+
+/// (panel title, refId, expr) of every query target.
+fn targets(d: &Json) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for p in panels(d) {
+        for t in p.get("targets").and_then(Json::as_array).unwrap_or(&[]) {
+            out.push((
+                str_of(p, "title").unwrap_or("").to_owned(),
+                str_of(t, "refId").unwrap_or("").to_owned(),
+                str_of(t, "expr").unwrap_or("").to_owned(),
+            ));
+        }
+    }
+    out
+}
+
+fn variables(d: &Json) -> &[Json] {
+    d.get("templating")
+        .and_then(|t| t.get("list"))
+        .and_then(Json::as_array)
+        .unwrap_or(&[])
+}
+
+/// A query variable's query text (`query.query`, or a plain string).
+fn variable_query(v: &Json) -> Option<&str> {
+    match v.get("query")? {
+        Json::String(s) => Some(s),
+        q => str_of(q, "query"),
+    }
+}
+
+/// Names of `$name`, `${name}`, `${name:fmt}` and `[[name]]` references in `text`.
+fn references(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = text.as_bytes();
+    let ident = |from: usize| {
+        let mut i = from;
+        while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+            i += 1;
+        }
+        i
+    };
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'$' {
+            if b.get(i + 1) == Some(&b'{') {
+                let end = ident(i + 2);
+                out.push(text[i + 2..end].to_owned());
+                i = end;
+                continue;
+            }
+            let end = ident(i + 1);
+            if end > i + 1 {
+                out.push(text[i + 1..end].to_owned());
+            }
+            i = end.max(i + 1);
+        } else if text[i..].starts_with("[[") {
+            let end = ident(i + 2);
+            out.push(text[i + 2..end].to_owned());
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+const BUILTINS: [&str; 7] = [
+    "__rate_interval",
+    "__interval",
+    "__interval_ms",
+    "__range",
+    "__range_s",
+    "__range_ms",
+    "__name",
+];
+
+/// Every `"uid"` member anywhere in `j`, with `"datasource"` objects checked on the way.
+fn walk_uids<'a>(j: &'a Json, path: &str, uids: &mut Vec<(String, &'a str)>) {
+    match j {
+        Json::Object(members) => {
+            for (k, v) in members {
+                let p = format!("{path}.{k}");
+                if k == "uid"
+                    && let Some(s) = v.as_str()
+                {
+                    uids.push((p.clone(), s));
+                }
+                if k == "datasource" && matches!(v, Json::Object(_)) {
+                    assert_eq!(
+                        str_of(v, "uid"),
+                        Some("${datasource}"),
+                        "{p}: datasource must be the ${{datasource}} variable"
+                    );
+                    assert_eq!(str_of(v, "type"), Some("prometheus"), "{p}");
+                }
+                walk_uids(v, &p, uids);
+            }
+        }
+        Json::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                walk_uids(v, &format!("{path}[{i}]"), uids);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn dashboards_are_well_formed() {
+    let mut titles = BTreeSet::new();
+    for name in DASHBOARDS {
+        let d = load(name);
+        assert_eq!(str_of(&d, "uid"), Some(name), "{name}: uid = file name");
+        assert!(
+            titles.insert(str_of(&d, "title").unwrap_or("").to_owned()),
+            "{name}: title used twice"
+        );
+        let schema = d.get("schemaVersion").and_then(Json::as_f64).unwrap_or(0.0);
+        assert!(
+            (36.0..=41.0).contains(&schema),
+            "{name}: schemaVersion {schema} is not Grafana 10/11's"
+        );
+
+        // Variables: the datasource first, then query variables on it.
+        let vars = variables(&d);
+        let first = vars.first().expect("variables");
+        assert_eq!(str_of(first, "name"), Some("datasource"), "{name}");
+        assert_eq!(str_of(first, "type"), Some("datasource"), "{name}");
+        assert_eq!(str_of(first, "query"), Some("prometheus"), "{name}");
+        let mut defined: BTreeSet<String> = BUILTINS.iter().map(|s| s.to_string()).collect();
+        defined.insert("datasource".into());
+        for v in &vars[1..] {
+            let vname = str_of(v, "name").expect("variable name");
+            assert_eq!(str_of(v, "type"), Some("query"), "{name}: ${vname}");
+            let q = variable_query(v).unwrap_or_else(|| panic!("{name}: ${vname} has no query"));
+            assert!(q.starts_with("label_values("), "{name}: ${vname}: {q}");
+            for r in references(q) {
+                assert!(
+                    defined.contains(&r),
+                    "{name}: ${vname} uses ${r}, which is not defined before it"
+                );
+            }
+            assert!(defined.insert(vname.to_owned()), "{name}: ${vname} twice");
+        }
+
+        // UIDs: the dashboard's own, else the datasource variable.
+        let mut uids = Vec::new();
+        walk_uids(&d, "", &mut uids);
+        for (path, uid) in uids {
+            assert!(
+                (path == ".uid" && uid == name) || uid == "${datasource}",
+                "{name}: {path} = {uid:?}: no hard-coded UIDs"
+            );
+        }
+
+        // Panels: unique ids, inside the 24-column grid, no overlaps, targets with queries.
+        let all = panels(&d);
+        assert!(!all.is_empty(), "{name}: no panels");
+        let mut ids = BTreeSet::new();
+        let mut boxes: Vec<(String, [f64; 4])> = Vec::new();
+        for p in &all {
+            let title = str_of(p, "title").unwrap_or("").to_owned();
+            let id = p.get("id").and_then(Json::as_f64).expect("panel id");
+            assert!(ids.insert(id as i64), "{name}: panel id {id} used twice");
+            let g = p.get("gridPos").expect("gridPos");
+            let n = |k| g.get(k).and_then(Json::as_f64).expect("gridPos field");
+            let b = [n("x"), n("y"), n("w"), n("h")];
+            assert!(
+                b[0] >= 0.0 && b[0] + b[2] <= 24.0,
+                "{name}: {title:?} outside the grid"
+            );
+            for (other, o) in &boxes {
+                let overlap = b[0] < o[0] + o[2]
+                    && o[0] < b[0] + b[2]
+                    && b[1] < o[1] + o[3]
+                    && o[1] < b[1] + b[3];
+                assert!(!overlap, "{name}: {title:?} overlaps {other:?}");
+            }
+            boxes.push((title.clone(), b));
+            if str_of(p, "type") == Some("row") {
+                continue;
+            }
+            let ts = p.get("targets").and_then(Json::as_array).unwrap_or(&[]);
+            assert!(!ts.is_empty(), "{name}: {title:?} has no targets");
+            let mut refs = BTreeSet::new();
+            for t in ts {
+                let r = str_of(t, "refId").unwrap_or("");
+                assert!(refs.insert(r), "{name}: {title:?}: refId {r:?} twice");
+                let expr = str_of(t, "expr").unwrap_or("");
+                assert!(!expr.trim().is_empty(), "{name}: {title:?} {r}: no expr");
+                for v in references(expr) {
+                    assert!(
+                        defined.contains(&v),
+                        "{name}: {title:?} {r} uses undefined ${v}"
+                    );
+                }
+            }
+        }
+    }
+    // Every listed exception names a target that exists.
+    for (uid, title, r, _) in MAY_BE_EMPTY {
+        let d = load(uid);
+        assert!(
+            targets(&d).iter().any(|(t, rr, _)| t == title && rr == r),
+            "MAY_BE_EMPTY names {uid} / {title:?} / {r}, which does not exist"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Grafana's variable interpolation for the Prometheus datasource
+// ---------------------------------------------------------------------------------------
+
+/// What a variable is set to.
+#[derive(Debug, Clone)]
+struct Selection {
+    /// The chosen values (all of them for "All").
+    values: Vec<String>,
+    all: bool,
+    all_value: Option<String>,
+    /// `multi` or `includeAll`: Grafana regex-escapes such a variable's values.
+    regex: bool,
+}
+
+/// Grafana's `prometheusRegularEscape` (single-value variables).
+fn regular_escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\'', "\\\\'")
+}
+
+/// Grafana's `prometheusSpecialRegexEscape` (multi-value and "All" variables).
+fn regex_escape(v: &str) -> String {
+    let mut out = String::new();
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\\\\\"),
+            '$' | '^' | '*' | '{' | '}' | '[' | ']' | '\'' | '+' | '?' | '.' | '(' | ')' | '|' => {
+                out.push_str("\\\\");
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// How Grafana writes a selection into a Prometheus query (`interpolateQueryExpr`).
+fn format_selection(s: &Selection) -> String {
+    if s.all
+        && let Some(a) = &s.all_value
+    {
+        return a.clone();
+    }
+    if !s.regex {
+        return regular_escape(s.values.first().map_or("", String::as_str));
+    }
+    let escaped: Vec<String> = s.values.iter().map(|v| regex_escape(v)).collect();
+    if escaped.len() == 1 {
+        escaped[0].clone()
+    } else {
+        format!("({})", escaped.join("|"))
+    }
+}
+
+/// Replaces `$name`, `${name}` and `[[name]]` with `vars[name]`; an unknown name is an error.
+fn interpolate(text: &str, vars: &BTreeMap<String, String>) -> Result<String, String> {
+    let b = text.as_bytes();
+    let ident = |from: usize| {
+        let mut i = from;
+        while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+            i += 1;
+        }
+        i
+    };
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        let (name, next) = if b[i] == b'$' && b.get(i + 1) == Some(&b'{') {
+            let end = ident(i + 2);
+            if b.get(end) != Some(&b'}') {
+                return Err(format!("unsupported variable syntax at {:?}", &text[i..]));
+            }
+            (&text[i + 2..end], end + 1)
+        } else if b[i] == b'$' && ident(i + 1) > i + 1 {
+            let end = ident(i + 1);
+            (&text[i + 1..end], end)
+        } else if text[i..].starts_with("[[") {
+            let end = ident(i + 2);
+            (&text[i + 2..end], end + 2)
+        } else {
+            let c = text[i..].chars().next().unwrap_or_default();
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        };
+        let value = vars
+            .get(name)
+            .ok_or_else(|| format!("undefined variable ${name}"))?;
+        out.push_str(value);
+        i = next;
+    }
+    Ok(out)
+}
+
+/// `label_values(<selector>, <label>)` or `label_values(<label>)`.
+fn parse_label_values(q: &str) -> Option<(Option<&str>, &str)> {
+    let inner = q.trim().strip_prefix("label_values(")?.strip_suffix(')')?;
+    Some(match inner.rfind(',') {
+        Some(i) => (Some(inner[..i].trim()), inner[i + 1..].trim()),
+        None => (None, inner.trim()),
+    })
+}
+
+/// Resolves a dashboard's variables in order through Prometheus. With `concrete`, every
+/// variable is set to one value (`prefer` if it offers it, else its first); without, to its
+/// default: "All" where offered, else `prefer`/first. Each variable must have values.
+fn resolve_variables(
+    prom: &Prometheus,
+    d: &Json,
+    builtins: &BTreeMap<String, String>,
+    prefer: &BTreeMap<&str, String>,
+    concrete: bool,
+    report: &mut Vec<String>,
+) -> BTreeMap<String, String> {
+    let uid = str_of(d, "uid").unwrap_or("");
+    let mut vars = builtins.clone();
+    vars.insert("datasource".into(), "prometheus".into());
+    for v in &variables(d)[1..] {
+        let name = str_of(v, "name").unwrap_or("");
+        let q = variable_query(v).unwrap_or("");
+        let q = interpolate(q, &vars).unwrap_or_else(|e| panic!("{uid}: ${name}: {e}"));
+        let (selector, label) =
+            parse_label_values(&q).unwrap_or_else(|| panic!("{uid}: ${name}: {q}"));
+        let values = prom
+            .label_values(label, selector.as_slice())
+            .unwrap_or_else(|e| panic!("{uid}: ${name}: {q}: {e:#}"));
+        assert!(!values.is_empty(), "{uid}: ${name}: {q} has no values");
+        let include_all = bool_of(v, "includeAll");
+        let preferred = prefer.get(name);
+        if let Some(p) = preferred {
+            assert!(
+                values.contains(p),
+                "{uid}: ${name}: {q} gives {values:?}, without {p:?}"
+            );
+        }
+        let all = include_all && !concrete;
+        let chosen = if all {
+            values.clone()
+        } else {
+            vec![preferred.cloned().unwrap_or_else(|| values[0].clone())]
+        };
+        let s = Selection {
+            values: chosen,
+            all,
+            all_value: str_of(v, "allValue").map(str::to_owned),
+            regex: include_all || bool_of(v, "multi"),
+        };
+        let formatted = format_selection(&s);
+        report.push(format!(
+            "{uid}: ${name} = {} → {formatted}",
+            if all {
+                format!("All of {values:?}")
+            } else {
+                format!("{:?}", s.values)
+            }
+        ));
+        vars.insert(name.to_owned(), formatted);
+    }
+    vars
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+#[test]
+fn every_panel_query_returns_data() {
+    if !require_root("every_panel_query_returns_data") {
+        return;
+    }
+    let t0 = Instant::now();
+    let cluster = format!("15/dash-{}", std::process::id());
+    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
+    // Declared in creation order: dropped (torn down) in reverse, also on panic.
+    let vol = LonghornVolume::start(LonghornOptions {
+        size_bytes: 640 << 20,
+        replicas: 2,
+        sync_agent: true,
+        ..LonghornOptions::default()
+    })
+    .expect("Longhorn stand-in");
+    let dir = temp_dir().expect("temp dir");
+    let mut fs = Ext4Mount::on_device(vol.device(), &dir.path().join("mnt")).expect("ext4");
+    let opts = PgOptions::new(&bin, fs.path().join("pgdata"), 56_430)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off")
+        .setting("cluster_name", &format!("'{cluster}'"));
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
+        .expect("pgbench -i");
+    pg.psql("checkpoint").expect("checkpoint");
+    pg.stop().expect("stop");
+    fs.remount().expect("remount: cold cache");
+    let setup = t0.elapsed();
+
+    // A real Longhorn volume is a SCSI disk with mq-deadline; the stand-in's loop device has
+    // no scheduler, so no request would be queued (the queue-time panel).
+    let sched = format!("/sys/block/{}/queue/scheduler", vol.device_name());
+    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+
+    let config = format!(
+        "bpf_stats = true\nlonghorn_device_dir = \"{}\"\n{}",
+        vol.dev_dir().display(),
+        // The FUSE frontend stands in for tgtd; it is ours, not Longhorn's, so a user rule.
+        rules_config(&[("longhorn", "frontend", "^longhorn-fuse$")])
+    );
+    let daemon = pgio_testkit::Daemon::start(Path::new(env!("CARGO_BIN_EXE_pgio-daemon")), &config)
+        .expect("daemon");
+    let target = daemon.url.trim_start_matches("http://").to_owned();
+    let prom = Prometheus::start("pgio", &[&target]).expect("prometheus");
+    let prom_start = unix_now();
+    pg.start().expect("start cold");
+    daemon
+        .wait_tracked("postgres", "checkpointer")
+        .expect("postgres");
+    daemon
+        .wait_tracked("longhorn", "replica")
+        .expect("replicas");
+    prom.wait_up("pgio", Duration::from_secs(20))
+        .expect("prometheus scrapes pgio");
+    // A connected client at query time (for the tracked-processes panels).
+    let _session = pg.session("postgres", "postgres").expect("psql session");
+    // A series counts for rate() from its second sample on: this first checkpoint creates the
+    // checkpointer's fsync/pwrite64 series, so that the last one's show in the window.
+    pg.psql("checkpoint").expect("checkpoint");
+
+    // Cold reads through the volume, at a rate 2 vCPUs keep up with.
+    pg.pgbench_ok(&[
+        "-S",
+        "-c",
+        "4",
+        "-j",
+        "2",
+        "-R",
+        "1000",
+        "-T",
+        &PGBENCH_SECS.to_string(),
+        "postgres",
+    ])
+    .expect("pgbench -S");
+    // A burst of commits: WAL flushes by backends and walwriter, and backends waiting for
+    // WALWriteLock on their semaphores (futex).
+    pg.pgbench_ok(&["-N", "-c", "4", "-j", "2", "-T", "3", "postgres"])
+        .expect("pgbench -N");
+    pg.psql("checkpoint").expect("checkpoint");
+    // Two scrapes after the checkpoint.
+    std::thread::sleep(Duration::from_millis(2500));
+    let at = unix_now();
+    if let Some(secs) = std::env::var("PGIO_DASHBOARDS_HOLD_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        eprintln!(
+            "holding {secs} s: Prometheus {}, pgio {}/metrics",
+            prom.url, daemon.url
+        );
+        std::thread::sleep(Duration::from_secs(secs));
+    }
+
+    let range_s = (at - prom_start).ceil() as u64;
+    let builtins: BTreeMap<String, String> = [
+        ("__rate_interval", RATE_INTERVAL.to_owned()),
+        ("__interval", INTERVAL.to_owned()),
+        ("__interval_ms", "5000".to_owned()),
+        ("__range", format!("{range_s}s")),
+        ("__range_s", range_s.to_string()),
+        ("__range_ms", (range_s * 1000).to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    // Values of this scenario (other volumes or clusters on the machine may be offered too).
+    let prefer: BTreeMap<&str, String> = [
+        ("cluster", cluster.clone()),
+        ("volume", vol.volume().to_owned()),
+        ("device", vol.device_name().to_owned()),
+        ("instance", target.clone()),
+        ("database", "postgres".to_owned()),
+        ("user", "postgres".to_owned()),
+        ("role", "client backend".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    let mut empty_as_allowed = Vec::new();
+    let mut listed_but_data = Vec::new();
+    let mut n_queries = 0;
+    for name in DASHBOARDS {
+        let d = load(name);
+        for concrete in [false, true] {
+            let vars = resolve_variables(&prom, &d, &builtins, &prefer, concrete, &mut report);
+            for (title, r, expr) in targets(&d) {
+                let q = interpolate(&expr, &vars)
+                    .unwrap_or_else(|e| panic!("{name}: {title:?} {r}: {e}"));
+                n_queries += 1;
+                let res = match prom.query(&q, Some(at)) {
+                    Ok(res) => res,
+                    Err(e) => {
+                        failures.push(format!("{name} / {title} / {r}: {e:#}\n    {q}"));
+                        continue;
+                    }
+                };
+                if concrete {
+                    continue;
+                }
+                let finite: Vec<_> = res.iter().filter(|s| s.value.is_finite()).collect();
+                let allowed = MAY_BE_EMPTY
+                    .iter()
+                    .find(|(u, t, rr, _)| *u == name && *t == title && *rr == r);
+                let first = finite.first().map(|s| {
+                    let labels: Vec<String> =
+                        s.labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+                    format!("{{{}}} {:.6e}", labels.join(","), s.value)
+                });
+                report.push(format!(
+                    "{name} / {title} / {r}: {} series, {} finite{}",
+                    res.len(),
+                    finite.len(),
+                    first.map_or(String::new(), |f| format!(", e.g. {f}"))
+                ));
+                match (finite.is_empty(), allowed) {
+                    (true, Some((_, _, _, why))) => {
+                        empty_as_allowed.push(format!("{name} / {title} / {r}: {why}"))
+                    }
+                    (true, None) => failures.push(format!(
+                        "{name} / {title} / {r}: no series with a finite value ({} series)\n    {q}",
+                        res.len()
+                    )),
+                    (false, Some(_)) => listed_but_data.push(format!("{name} / {title} / {r}")),
+                    (false, None) => {}
+                }
+            }
+        }
+    }
+    // The volume dashboard's cluster variable is derived from the volume's block IO: ours.
+    let clusters = prom
+        .label_values(
+            "cluster",
+            &[&format!(
+                "pgio_block_io_requests_total{{volume=\"{}\",app=\"postgres\"}}",
+                vol.volume()
+            )],
+        )
+        .expect("clusters on the volume");
+    // Ours, plus the few reads the postmaster did before pgio learnt its cluster_name (booked
+    // under its working directory, then its data directory: counters cannot move).
+    assert!(
+        clusters.contains(&cluster),
+        "clusters on the volume: {clusters:?}"
+    );
+    eprintln!("clusters with block IO on the volume: {clusters:?}");
+
+    eprintln!(
+        "dashboards: {n_queries} queries at t={at:.0} ($__rate_interval={RATE_INTERVAL}, \
+         $__range={range_s}s); setup {:.1} s, total {:.1} s\n{}",
+        setup.as_secs_f64(),
+        t0.elapsed().as_secs_f64(),
+        report.join("\n")
+    );
+    if !empty_as_allowed.is_empty() {
+        eprintln!(
+            "empty, as listed in MAY_BE_EMPTY:\n  {}",
+            empty_as_allowed.join("\n  ")
+        );
+    }
+    if !listed_but_data.is_empty() {
+        eprintln!(
+            "listed in MAY_BE_EMPTY but returned data here:\n  {}",
+            listed_but_data.join("\n  ")
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {n_queries} queries failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn grafana_escaping() {
+    let s = |values: &[&str], all: bool, all_value: Option<&str>, regex: bool| Selection {
+        values: values.iter().map(|v| v.to_string()).collect(),
+        all,
+        all_value: all_value.map(str::to_owned),
+        regex,
+    };
+    assert_eq!(
+        format_selection(&s(&["15/main"], false, None, false)),
+        "15/main"
+    );
+    assert_eq!(
+        format_selection(&s(&["a.b", "c|d"], true, None, true)),
+        "(a\\\\.b|c\\\\|d)"
+    );
+    assert_eq!(format_selection(&s(&["x"], true, Some(".*"), true)), ".*");
+    let vars: BTreeMap<String, String> = [("a", "1"), ("__range", "5s")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(
+        interpolate("x{a=\"$a\"}[${__range}] [[a]] é", &vars).unwrap(),
+        "x{a=\"1\"}[5s] 1 é"
+    );
+    assert!(interpolate("$b", &vars).is_err());
+    assert_eq!(
+        parse_label_values("label_values(up{job=\"a,b\"}, instance)"),
+        Some((Some("up{job=\"a,b\"}"), "instance"))
+    );
+    assert_eq!(parse_label_values("label_values(job)"), Some((None, "job")));
+    assert_eq!(
+        references("a $b ${c} ${d:csv} [[e]] $__rate_interval $"),
+        ["b", "c", "d", "e", "__rate_interval"]
+    );
+}
