@@ -67,7 +67,13 @@ impl Clusters {
                 "postmaster"
             }
             .into();
-            labels.cluster = cluster_label(known.flatten(), p);
+            // The postmaster's command line has no cluster_name: it is known once an
+            // auxiliary child has shown its title. Until then the label is empty, which
+            // keeps a postmaster started after pgio provisional.
+            labels.cluster = match known {
+                Some(name) => cluster_label(name, p),
+                None => String::new(),
+            };
             return Some(labels);
         };
         let (prefix, rest) = match &known {
@@ -353,18 +359,23 @@ mod tests {
         let c = Clusters::default();
         let pm = in_dir(1, "/usr/lib/postgresql/15/bin/postgres -D /srv/a", "/srv/a");
         let ckpt = in_dir(2, "postgres: checkpointer ", "/srv/a");
-        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("/srv/a".into()));
+        assert_eq!(
+            c.classify(&pm).map(|l| l.cluster),
+            Some("".into()),
+            "not known yet"
+        );
         assert_eq!(
             c.learn(&ckpt),
             Some("/srv/a".into()),
             "no cluster_name: learnt"
         );
+        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("/srv/a".into()));
         assert_eq!(c.learn(&ckpt), None, "nothing new");
         assert_eq!(c.classify(&ckpt).map(|l| l.cluster), Some("/srv/a".into()));
 
         let pm = in_dir(3, "/usr/lib/postgresql/15/bin/postgres -D /srv/b", "/srv/b");
         let ckpt = in_dir(4, "postgres: b: 1: checkpointer ", "/srv/b");
-        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("/srv/b".into()));
+        assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("".into()));
         assert_eq!(c.learn(&ckpt), Some("/srv/b".into()));
         assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("b: 1".into()));
         assert_eq!(c.classify(&ckpt).map(|l| l.cluster), Some("b: 1".into()));
