@@ -23,8 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use pgio_testkit::serde_json::{self, Value};
 use pgio_testkit::{
-    Ext4Mount, Json, LonghornOptions, LonghornVolume, PgCluster, PgOptions, Prometheus, pg_bin_dir,
+    Ext4Mount, LonghornOptions, LonghornVolume, PgCluster, PgOptions, Prometheus, pg_bin_dir,
     require_root, rules_config, temp_dir,
 };
 
@@ -55,44 +56,48 @@ fn dashboards_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards")
 }
 
-fn load(name: &str) -> Json {
+fn load(name: &str) -> Value {
     let path = dashboards_dir().join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    Json::parse(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e:#}", path.display()))
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
-fn str_of<'a>(j: &'a Json, key: &str) -> Option<&'a str> {
-    j.get(key).and_then(Json::as_str)
+fn str_of<'a>(j: &'a Value, key: &str) -> Option<&'a str> {
+    j.get(key).and_then(Value::as_str)
 }
 
-fn bool_of(j: &Json, key: &str) -> bool {
-    j.get(key).and_then(Json::as_bool).unwrap_or(false)
+fn bool_of(j: &Value, key: &str) -> bool {
+    j.get(key).and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// The array member `key` of `j`; empty if missing or not an array.
+fn array_of<'a>(j: &'a Value, key: &str) -> &'a [Value] {
+    j.get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// Every panel, rows' nested `panels` included.
-fn panels(d: &Json) -> Vec<&Json> {
-    fn walk<'a>(list: &'a [Json], out: &mut Vec<&'a Json>) {
+fn panels(d: &Value) -> Vec<&Value> {
+    fn walk<'a>(list: &'a [Value], out: &mut Vec<&'a Value>) {
         for p in list {
             out.push(p);
-            if let Some(nested) = p.get("panels").and_then(Json::as_array) {
+            if let Some(nested) = p.get("panels").and_then(Value::as_array) {
                 walk(nested, out);
             }
         }
     }
     let mut out = Vec::new();
-    walk(
-        d.get("panels").and_then(Json::as_array).unwrap_or(&[]),
-        &mut out,
-    );
+    walk(array_of(d, "panels"), &mut out);
     out
 }
 
 /// (panel title, refId, expr) of every query target.
-fn targets(d: &Json) -> Vec<(String, String, String)> {
+fn targets(d: &Value) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     for p in panels(d) {
-        for t in p.get("targets").and_then(Json::as_array).unwrap_or(&[]) {
+        for t in array_of(p, "targets") {
             out.push((
                 str_of(p, "title").unwrap_or("").to_owned(),
                 str_of(t, "refId").unwrap_or("").to_owned(),
@@ -103,17 +108,14 @@ fn targets(d: &Json) -> Vec<(String, String, String)> {
     out
 }
 
-fn variables(d: &Json) -> &[Json] {
-    d.get("templating")
-        .and_then(|t| t.get("list"))
-        .and_then(Json::as_array)
-        .unwrap_or(&[])
+fn variables(d: &Value) -> &[Value] {
+    d.get("templating").map_or(&[], |t| array_of(t, "list"))
 }
 
 /// A query variable's query text (`query.query`, or a plain string).
-fn variable_query(v: &Json) -> Option<&str> {
+fn variable_query(v: &Value) -> Option<&str> {
     match v.get("query")? {
-        Json::String(s) => Some(s),
+        Value::String(s) => Some(s.as_str()),
         q => str_of(q, "query"),
     }
 }
@@ -165,9 +167,9 @@ const BUILTINS: [&str; 7] = [
 ];
 
 /// Every `"uid"` member anywhere in `j`, with `"datasource"` objects checked on the way.
-fn walk_uids<'a>(j: &'a Json, path: &str, uids: &mut Vec<(String, &'a str)>) {
+fn walk_uids<'a>(j: &'a Value, path: &str, uids: &mut Vec<(String, &'a str)>) {
     match j {
-        Json::Object(members) => {
+        Value::Object(members) => {
             for (k, v) in members {
                 let p = format!("{path}.{k}");
                 if k == "uid"
@@ -175,7 +177,7 @@ fn walk_uids<'a>(j: &'a Json, path: &str, uids: &mut Vec<(String, &'a str)>) {
                 {
                     uids.push((p.clone(), s));
                 }
-                if k == "datasource" && matches!(v, Json::Object(_)) {
+                if k == "datasource" && matches!(v, Value::Object(_)) {
                     assert_eq!(
                         str_of(v, "uid"),
                         Some("${datasource}"),
@@ -186,7 +188,7 @@ fn walk_uids<'a>(j: &'a Json, path: &str, uids: &mut Vec<(String, &'a str)>) {
                 walk_uids(v, &p, uids);
             }
         }
-        Json::Array(items) => {
+        Value::Array(items) => {
             for (i, v) in items.iter().enumerate() {
                 walk_uids(v, &format!("{path}[{i}]"), uids);
             }
@@ -205,7 +207,10 @@ fn dashboards_are_well_formed() {
             titles.insert(str_of(&d, "title").unwrap_or("").to_owned()),
             "{name}: title used twice"
         );
-        let schema = d.get("schemaVersion").and_then(Json::as_f64).unwrap_or(0.0);
+        let schema = d
+            .get("schemaVersion")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0);
         assert!(
             (36.0..=41.0).contains(&schema),
             "{name}: schemaVersion {schema} is not Grafana 10/11's"
@@ -250,10 +255,10 @@ fn dashboards_are_well_formed() {
         let mut boxes: Vec<(String, [f64; 4])> = Vec::new();
         for p in &all {
             let title = str_of(p, "title").unwrap_or("").to_owned();
-            let id = p.get("id").and_then(Json::as_f64).expect("panel id");
+            let id = p.get("id").and_then(Value::as_f64).expect("panel id");
             assert!(ids.insert(id as i64), "{name}: panel id {id} used twice");
             let g = p.get("gridPos").expect("gridPos");
-            let n = |k| g.get(k).and_then(Json::as_f64).expect("gridPos field");
+            let n = |k: &str| g.get(k).and_then(Value::as_f64).expect("gridPos field");
             let b = [n("x"), n("y"), n("w"), n("h")];
             assert!(
                 b[0] >= 0.0 && b[0] + b[2] <= 24.0,
@@ -270,7 +275,7 @@ fn dashboards_are_well_formed() {
             if str_of(p, "type") == Some("row") {
                 continue;
             }
-            let ts = p.get("targets").and_then(Json::as_array).unwrap_or(&[]);
+            let ts = array_of(p, "targets");
             assert!(!ts.is_empty(), "{name}: {title:?} has no targets");
             let mut refs = BTreeSet::new();
             for t in ts {
@@ -405,7 +410,7 @@ fn parse_label_values(q: &str) -> Option<(Option<&str>, &str)> {
 /// default: "All" where offered, else `prefer`/first. Each variable must have values.
 fn resolve_variables(
     prom: &Prometheus,
-    d: &Json,
+    d: &Value,
     builtins: &BTreeMap<String, String>,
     prefer: &BTreeMap<&str, String>,
     concrete: bool,

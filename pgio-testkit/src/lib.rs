@@ -31,8 +31,10 @@ pub use metrics::{Metrics, Sample, scrape};
 pub use pgdist::pg_bin_dir;
 pub use postgres::{PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession};
 pub use process::{pid_alive, processes_with_cmdline_containing, processes_with_parent};
-pub use prometheus::{Json, PromSample, Prometheus, prometheus_bin};
+pub use prometheus::{PromSample, Prometheus, prometheus_bin};
 pub use promtool::promtool;
+/// For tests that read JSON (Grafana dashboards) without depending on it themselves.
+pub use serde_json;
 pub use tempfile::TempDir;
 
 /// Env var that turns "skip without root" into a test failure (for CI running as root).

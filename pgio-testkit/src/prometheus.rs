@@ -4,8 +4,7 @@
 //! Each server has its own temporary TSDB directory, scrapes its targets every second, listens
 //! on a free loopback port, and is stopped (SIGTERM, then SIGKILL) and removed in Drop, also
 //! when a test panics.
-//!
-//! Also a small JSON reader ([`Json`]), for the HTTP API's answers and Grafana dashboards.
+//! The HTTP API's JSON answers are read with `serde_json`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,6 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, PercentEncode, utf8_percent_encode};
+use serde_json::Value;
 
 use crate::daemon::free_port;
 use crate::metrics::http_get;
@@ -135,7 +136,7 @@ impl Prometheus {
             write!(path, "&time={t:.3}")?;
         }
         let data = self.api(&path)?;
-        let kind = data.get("resultType").and_then(Json::as_str).unwrap_or("");
+        let kind = data.get("resultType").and_then(Value::as_str).unwrap_or("");
         let result = data.get("result").context("no result")?;
         match kind {
             "vector" => result
@@ -145,7 +146,7 @@ impl Prometheus {
                 .map(|s| {
                     let labels = s
                         .get("metric")
-                        .and_then(Json::as_object)
+                        .and_then(Value::as_object)
                         .context("sample without metric")?
                         .iter()
                         .map(|(k, v)| Ok((k.clone(), v.as_str().context("label")?.to_owned())))
@@ -179,17 +180,18 @@ impl Prometheus {
     }
 
     /// The `data` of a successful API answer; Prometheus' own error message otherwise.
-    fn api(&self, path: &str) -> Result<Json> {
+    fn api(&self, path: &str) -> Result<Value> {
         let url = format!("{}{path}", self.url);
         let body = http_get(&url, Duration::from_secs(30)).map_err(|e| {
             // http_get puts the body (Prometheus' JSON error) into its error.
             anyhow::anyhow!("GET {path}: {e:#}")
         })?;
-        let j = Json::parse(&body).with_context(|| format!("GET {path}: answer {body:?}"))?;
-        if j.get("status").and_then(Json::as_str) != Some("success") {
+        let j: Value =
+            serde_json::from_str(&body).with_context(|| format!("GET {path}: answer {body:?}"))?;
+        if j.get("status").and_then(Value::as_str) != Some("success") {
             bail!(
                 "GET {path}: {}",
-                j.get("error").and_then(Json::as_str).unwrap_or(&body)
+                j.get("error").and_then(Value::as_str).unwrap_or(&body)
             );
         }
         j.get("data")
@@ -228,11 +230,11 @@ impl Drop for Prometheus {
 }
 
 /// `[<unix time>, "<value>"]` → value (`NaN`, `+Inf`, `-Inf` as Prometheus writes them).
-fn sample_value(v: &Json) -> Result<f64> {
+fn sample_value(v: &Value) -> Result<f64> {
     let s = v
         .as_array()
         .and_then(|a| a.get(1))
-        .and_then(Json::as_str)
+        .and_then(Value::as_str)
         .context("sample value is not [time, \"value\"]")?;
     Ok(match s {
         "NaN" => f64::NAN,
@@ -242,281 +244,17 @@ fn sample_value(v: &Json) -> Result<f64> {
     })
 }
 
-/// Percent-encodes everything but RFC 3986's unreserved characters (for query strings).
-pub fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
+/// Everything but RFC 3986's unreserved characters (`A-Z a-z 0-9 - _ . ~`): safe in a query
+/// string's values and in a path segment.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
-/// A parsed JSON value. Objects keep their members in document order (duplicates too).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Number(f64),
-    String(String),
-    Array(Vec<Json>),
-    Object(Vec<(String, Json)>),
-}
-
-impl Json {
-    /// Parses one JSON document (RFC 8259); trailing non-whitespace is an error.
-    pub fn parse(text: &str) -> Result<Json> {
-        let mut p = Parser {
-            s: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value(0)?;
-        p.ws();
-        ensure!(p.i == p.s.len(), "trailing characters at byte {}", p.i);
-        Ok(v)
-    }
-
-    /// The first member named `key` of an object.
-    pub fn get(&self, key: &str) -> Option<&Json> {
-        self.as_object()?
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v)
-    }
-
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Json::String(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    pub fn as_f64(&self) -> Option<f64> {
-        match self {
-            Json::Number(n) => Some(*n),
-            _ => None,
-        }
-    }
-
-    pub fn as_bool(&self) -> Option<bool> {
-        match self {
-            Json::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-
-    pub fn as_array(&self) -> Option<&[Json]> {
-        match self {
-            Json::Array(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    pub fn as_object(&self) -> Option<&[(String, Json)]> {
-        match self {
-            Json::Object(o) => Some(o),
-            _ => None,
-        }
-    }
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self
-            .s
-            .get(self.i)
-            .is_some_and(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
-        {
-            self.i += 1;
-        }
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.i).copied()
-    }
-
-    fn expect(&mut self, c: u8) -> Result<()> {
-        ensure!(
-            self.peek() == Some(c),
-            "expected {:?} at byte {}",
-            c as char,
-            self.i
-        );
-        self.i += 1;
-        Ok(())
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Json> {
-        ensure!(depth < 128, "nested too deeply at byte {}", self.i);
-        self.ws();
-        match self.peek().context("unexpected end of JSON")? {
-            b'{' => {
-                self.i += 1;
-                let mut members = Vec::new();
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.i += 1;
-                    return Ok(Json::Object(members));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.ws();
-                    self.expect(b':')?;
-                    let v = self.value(depth + 1)?;
-                    members.push((k, v));
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Object(members));
-                        }
-                        _ => bail!("expected ',' or '}}' at byte {}", self.i),
-                    }
-                }
-            }
-            b'[' => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.i += 1;
-                    return Ok(Json::Array(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Array(items));
-                        }
-                        _ => bail!("expected ',' or ']' at byte {}", self.i),
-                    }
-                }
-            }
-            b'"' => Ok(Json::String(self.string()?)),
-            b't' => self.literal("true", Json::Bool(true)),
-            b'f' => self.literal("false", Json::Bool(false)),
-            b'n' => self.literal("null", Json::Null),
-            b'-' | b'0'..=b'9' => self.number(),
-            c => bail!("unexpected {:?} at byte {}", c as char, self.i),
-        }
-    }
-
-    fn literal(&mut self, word: &str, v: Json) -> Result<Json> {
-        ensure!(
-            self.s[self.i..].starts_with(word.as_bytes()),
-            "bad literal at byte {}",
-            self.i
-        );
-        self.i += word.len();
-        Ok(v)
-    }
-
-    fn number(&mut self) -> Result<Json> {
-        let start = self.i;
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        let digits = |p: &mut Self| {
-            let from = p.i;
-            while p.peek().is_some_and(|c| c.is_ascii_digit()) {
-                p.i += 1;
-            }
-            p.i > from
-        };
-        ensure!(digits(self), "bad number at byte {start}");
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            ensure!(digits(self), "bad fraction at byte {start}");
-        }
-        if matches!(self.peek(), Some(b'e' | b'E')) {
-            self.i += 1;
-            if matches!(self.peek(), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            ensure!(digits(self), "bad exponent at byte {start}");
-        }
-        let text = std::str::from_utf8(&self.s[start..self.i])?;
-        Ok(Json::Number(text.parse().with_context(|| {
-            format!("bad number {text:?} at byte {start}")
-        })?))
-    }
-
-    fn hex4(&mut self) -> Result<u32> {
-        let h = self
-            .s
-            .get(self.i..self.i + 4)
-            .context("truncated \\u escape")?;
-        let v = u32::from_str_radix(std::str::from_utf8(h)?, 16)
-            .with_context(|| format!("bad \\u escape at byte {}", self.i))?;
-        self.i += 4;
-        Ok(v)
-    }
-
-    fn string(&mut self) -> Result<String> {
-        self.expect(b'"')?;
-        let mut out = Vec::new();
-        loop {
-            let c = self.peek().context("unterminated string")?;
-            self.i += 1;
-            match c {
-                b'"' => return String::from_utf8(out).context("string is not UTF-8"),
-                b'\\' => {
-                    let e = self.peek().context("unterminated escape")?;
-                    self.i += 1;
-                    let ch = match e {
-                        b'"' => '"',
-                        b'\\' => '\\',
-                        b'/' => '/',
-                        b'b' => '\u{8}',
-                        b'f' => '\u{c}',
-                        b'n' => '\n',
-                        b'r' => '\r',
-                        b't' => '\t',
-                        b'u' => {
-                            let hi = self.hex4()?;
-                            let code = if (0xD800..0xDC00).contains(&hi) {
-                                ensure!(
-                                    self.s[self.i..].starts_with(b"\\u"),
-                                    "lone surrogate at byte {}",
-                                    self.i
-                                );
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                ensure!(
-                                    (0xDC00..0xE000).contains(&lo),
-                                    "bad low surrogate at byte {}",
-                                    self.i
-                                );
-                                0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
-                            } else {
-                                hi
-                            };
-                            char::from_u32(code)
-                                .with_context(|| format!("bad code point at byte {}", self.i))?
-                        }
-                        _ => bail!("bad escape at byte {}", self.i),
-                    };
-                    let mut buf = [0; 4];
-                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-                }
-                0..0x20 => bail!("control character in string at byte {}", self.i - 1),
-                _ => out.push(c),
-            }
-        }
-    }
+/// Percent-encodes `s` (UTF-8) for a query string or path segment; see [`COMPONENT`].
+fn url_encode(s: &str) -> PercentEncode<'_> {
+    utf8_percent_encode(s, COMPONENT)
 }
 
 #[cfg(test)]
@@ -524,45 +262,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn json_parses_documents() {
-        let j = Json::parse(
-            r#" {"a": [1, -2.5e3, true, false, null], "s": "q\"\\\/\n\u00e9\ud83d\udc18", "o": {}} "#,
-        )
-        .unwrap();
-        let a = j.get("a").unwrap().as_array().unwrap();
-        assert_eq!(a[0].as_f64(), Some(1.0));
-        assert_eq!(a[1].as_f64(), Some(-2500.0));
-        assert_eq!(a[2].as_bool(), Some(true));
-        assert_eq!(a[4], Json::Null);
-        assert_eq!(j.get("s").unwrap().as_str(), Some("q\"\\/\né🐘"));
-        assert_eq!(j.get("o").unwrap().as_object().unwrap().len(), 0);
-        assert!(j.get("missing").is_none());
-    }
-
-    #[test]
-    fn json_rejects_malformed() {
-        for bad in [
-            "",
-            "{",
-            "[1,]",
-            "{\"a\" 1}",
-            "01x",
-            "\"\\x\"",
-            "tru",
-            "[1] 2",
-            "\"\u{1}\"",
-            "\"\\ud800\"",
-        ] {
-            assert!(Json::parse(bad).is_err(), "{bad:?} parsed");
-        }
-    }
-
-    #[test]
     fn sample_values() {
-        let v = |s: &str| sample_value(&Json::parse(s).unwrap()).unwrap();
+        let v = |s: &str| sample_value(&serde_json::from_str(s).unwrap()).unwrap();
         assert_eq!(v(r#"[1.5, "0.25"]"#), 0.25);
         assert!(v(r#"[1.5, "NaN"]"#).is_nan());
         assert_eq!(v(r#"[1.5, "+Inf"]"#), f64::INFINITY);
+        // The value must be Prometheus' string, not a JSON number.
+        assert!(sample_value(&serde_json::json!([1.5, 0.25])).is_err());
     }
 
     /// A real server scraping a counter that grows by 10 a scrape: up, rate, label values,
@@ -624,9 +330,9 @@ mod tests {
     #[test]
     fn url_encoding() {
         assert_eq!(
-            url_encode("rate(x{a=~\"b|c\"}[15s]) / 2"),
-            "rate%28x%7Ba%3D~%22b%7Cc%22%7D%5B15s%5D%29%20%2F%202"
+            url_encode("rate(x{a=~\"b|c\"}[15s]) / 2+1&y").to_string(),
+            "rate%28x%7Ba%3D~%22b%7Cc%22%7D%5B15s%5D%29%20%2F%202%2B1%26y"
         );
-        assert_eq!(url_encode("é"), "%C3%A9");
+        assert_eq!(url_encode("é").to_string(), "%C3%A9");
     }
 }
