@@ -21,6 +21,11 @@ static CHILD_SERIES: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
 
 #[inline(always)]
 pub fn child_series_of(series: u32, child_tgid: u32) -> u32 {
+    // A provisional parent (a postmaster that has just started) forks processes of another
+    // kind too; its own provisional series is not theirs.
+    if series & PROVISIONAL != 0 {
+        return PROVISIONAL | child_tgid;
+    }
     match CHILD_SERIES.get(series) {
         Some(s) if *s != SERIES_UNTRACKED => PROVISIONAL | child_tgid,
         _ => series,
