@@ -97,10 +97,10 @@ impl Clusters {
         }
         let dir = p.cwd.as_ref()?;
         let title = p.cmdline.strip_prefix("postgres: ")?.trim();
-        let name = if starts_with_aux(title).is_some() {
+        let name = if FIXED_TITLES.contains(&title) {
             None
         } else {
-            let (prefix, _) = split_at_aux(title)?;
+            let (prefix, _) = split_at_fixed_title(title)?;
             Some(prefix.to_owned())
         };
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
@@ -157,11 +157,22 @@ fn split_cluster(title: &str) -> (Option<String>, &str) {
     }
 }
 
-/// `<cluster_name>: <auxiliary title>`, for any cluster name (it may contain `": "` itself).
-fn split_at_aux(title: &str) -> Option<(&str, &str)> {
+/// Titles that are never followed by anything: only these teach a cluster's name, since a
+/// client backend's title can contain any of them (a database called `x: checkpointer`) but
+/// never ends with one (its host field comes after the database).
+const FIXED_TITLES: &[&str] = &[
+    "checkpointer",
+    "background writer",
+    "walwriter",
+    "autovacuum launcher",
+    "logical replication launcher",
+];
+
+/// `<cluster_name>: <fixed title>`, for any cluster name (it may contain `": "` itself).
+fn split_at_fixed_title(title: &str) -> Option<(&str, &str)> {
     title.match_indices(": ").find_map(|(i, _)| {
         let rest = &title[i + 2..];
-        (i > 0 && starts_with_aux(rest).is_some()).then_some((&title[..i], rest))
+        (i > 0 && FIXED_TITLES.contains(&rest)).then_some((&title[..i], rest))
     })
 }
 
@@ -379,6 +390,11 @@ mod tests {
         assert_eq!(c.learn(&ckpt), Some("/srv/b".into()));
         assert_eq!(c.classify(&pm).map(|l| l.cluster), Some("b: 1".into()));
         assert_eq!(c.classify(&ckpt).map(|l| l.cluster), Some("b: 1".into()));
+        // A hostile database name does not teach a cluster name.
+        let db = in_dir(7, "postgres: u x: checkpointer [local] idle", "/srv/a");
+        assert_eq!(c.learn(&db), None);
+        let db = in_dir(8, "postgres: u x: checkpointer [local]", "/srv/c");
+        assert_eq!(c.learn(&db), None);
         // A client backend of a cluster known to have no cluster_name: a ": " in a name is
         // not a prefix.
         let l = c
