@@ -27,16 +27,29 @@ pub struct CatalogNames {
 /// `/proc/<pid>/cwd` to see through a container's mount namespace).
 pub fn read(data_dir: &Path) -> std::io::Result<CatalogNames> {
     let global = data_dir.join("global");
-    let map = std::fs::read(global.join("pg_filenode.map"))?;
+    let map = read_capped(&global.join("pg_filenode.map"))?;
     let file_of = |oid: u32| -> std::io::Result<Vec<u8>> {
         let node = filenode(&map, oid).unwrap_or(oid);
-        std::fs::read(global.join(node.to_string()))
+        read_capped(&global.join(node.to_string()))
     };
     Ok(CatalogNames {
         roles: names_in_heap(&file_of(PG_AUTHID)?).collect(),
         databases: names_in_heap(&file_of(PG_DATABASE)?).collect(),
     })
 }
+
+/// At most `MAX_READ` bytes: any process named `postgres` can point pgio at its working
+/// directory, so what is read must stay small (1 MiB is ~5,000 roles or databases).
+fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_READ)
+        .read_to_end(&mut out)?;
+    Ok(out)
+}
+
+const MAX_READ: u64 = 1 << 20;
 
 /// The relation mapper (`global/pg_filenode.map`): shared catalogs have no pg_class row
 /// giving their file, and VACUUM FULL moves them to a new one.
