@@ -6,7 +6,7 @@ use std::{
     fmt::{self, Write as _},
     os::fd::RawFd,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
 };
@@ -36,8 +36,9 @@ use crate::{
 };
 
 pub struct PgioCollector {
-    pub block_io: BlockIoReader,
-    pub syscall: SyscallReader,
+    /// Shared with `fold_provisional`, which empties provisional keys between scrapes.
+    pub block_io: Arc<BlockIoReader>,
+    pub syscall: Arc<SyscallReader>,
     pub drops: PerCpuArray<MapData, u64>,
     pub tracked: SharedTracked,
     pub probes: Vec<ProbeStatus>,
@@ -198,6 +199,31 @@ impl PgioCollector {
             probes: self.probes.clone(),
             drops,
             programs,
+        }
+    }
+}
+
+/// Moves the events of processes classified since the last pass out of their provisional
+/// kernel keys, once a second while there are any. Waiting for the next scrape would let them
+/// pile up: under heavy connection churn (a thousand new backends a second, a 30 s scrape
+/// interval) they could fill the histogram maps.
+pub fn fold_provisional(
+    block_io: Arc<BlockIoReader>,
+    syscall: Arc<SyscallReader>,
+    tracked: SharedTracked,
+) {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let routes = {
+            let mut t = lock(&tracked);
+            if !t.provisional.take_closed_since_fold() {
+                continue;
+            }
+            t.provisional_routes()
+        };
+        let route = |series| routes.route(series);
+        if let Err(e) = block_io.read(route).and_then(|_| syscall.read(route)) {
+            warn!(error = format!("{e:#}"), "folding provisional series");
         }
     }
 }

@@ -231,8 +231,8 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     );
 
     let collector = PgioCollector {
-        block_io: block_io::BlockIoReader::new(block_hist),
-        syscall: syscall::SyscallReader::new(syscall_hist),
+        block_io: Arc::new(block_io::BlockIoReader::new(block_hist)),
+        syscall: Arc::new(syscall::SyscallReader::new(syscall_hist)),
         drops,
         tracked: shared.clone(),
         probes: probes.status.clone(),
@@ -240,6 +240,12 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         devices: Mutex::default(),
         volumes: Mutex::new(LonghornVolumes::new(config.longhorn_device_dir())),
     };
+    let (block_io, syscall) = (collector.block_io.clone(), collector.syscall.clone());
+    let fold_tracked = shared.clone();
+    std::thread::Builder::new()
+        .name("fold-provisional".into())
+        .spawn(move || exposition::fold_provisional(block_io, syscall, fold_tracked))
+        .context("starting the provisional-series thread")?;
     let registry = Arc::new(exposition::registry(collector));
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
 

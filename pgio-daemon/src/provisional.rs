@@ -1,7 +1,8 @@
 //! Provisional series of freshly forked processes. A postmaster's child runs in its own
 //! kernel series `PROVISIONAL | tgid` until pgio has read its title (a millisecond or so).
-//! Its events are held back while that lasts; once the child is classified, the reader folds
-//! them into the series it was classified as and deletes them from the kernel map. A child
+//! Its events are held back while that lasts; once the child is classified, the next map read
+//! (a scrape, or `exposition::fold_provisional` within a second) folds them into the series it
+//! was classified as and deletes them from the kernel map. A child
 //! that exits unclassified has its events folded into its cluster's `role="starting"` series.
 //! So connection churn books no event under a wrong series, and every exported series stays
 //! monotonic (showing events under `starting` first and moving them later would not).
@@ -19,7 +20,10 @@ const GRACE: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, Default)]
 pub struct Provisional {
     entries: HashMap<u32, Entry>,
-    /// Where keys of an unknown provisional process go (the cluster-less `starting` series).
+    /// Entries closed since the last fold: their keys still sit in the kernel maps.
+    closed_since_fold: usize,
+    /// Fallback series of a provisional process whose parent is not known (the cluster-less
+    /// `starting` series).
     pub orphan: u32,
 }
 
@@ -68,6 +72,7 @@ impl Provisional {
         if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
             e.target = Some(series);
             e.closed_at = Some(Instant::now());
+            self.closed_since_fold += 1;
         }
     }
 
@@ -76,7 +81,13 @@ impl Provisional {
     pub fn closed(&mut self, pid: u32) {
         if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
             e.closed_at = Some(Instant::now());
+            self.closed_since_fold += 1;
         }
+    }
+
+    /// Whether entries were closed since the last call: a fold pass has keys to move.
+    pub fn take_closed_since_fold(&mut self) -> bool {
+        std::mem::take(&mut self.closed_since_fold) > 0
     }
 
     pub fn route(&self, series: u32) -> Route {
@@ -86,7 +97,9 @@ impl Provisional {
         match self.entries.get(&(series & !PROVISIONAL)) {
             Some(e) if e.closed_at.is_none() => Route::Pending,
             Some(e) => Route::Fold(e.target.unwrap_or(e.fallback)),
-            None => Route::Fold(self.orphan),
+            // The fork event has not been handled yet (the kernel writes keys first), or,
+            // rarely, a request completing after the entry expired: not ours to move yet.
+            None => Route::Pending,
         }
     }
 
@@ -120,8 +133,11 @@ mod tests {
         p.forked(101, 3);
         assert!(p.is_open(100));
         assert_eq!(p.route(PROVISIONAL | 100), Route::Pending);
+        assert!(!p.take_closed_since_fold());
         p.resolved(100, 7);
         p.closed(101);
+        assert!(p.take_closed_since_fold());
+        assert!(!p.take_closed_since_fold());
         assert!(!p.is_open(100));
         assert_eq!(p.route(PROVISIONAL | 100), Route::Fold(7));
         assert_eq!(
@@ -131,8 +147,8 @@ mod tests {
         );
         assert_eq!(
             p.route(PROVISIONAL | 102),
-            Route::Fold(9),
-            "unknown: orphan"
+            Route::Pending,
+            "fork event not handled yet"
         );
         // Closing twice keeps the first outcome.
         p.closed(100);
