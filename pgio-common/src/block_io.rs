@@ -116,6 +116,10 @@ pub struct KernelOffsets {
     pub task_pid: u32,
     /// `struct task_struct.tgid`
     pub task_tgid: u32,
+    /// `struct task_struct.mm`
+    pub task_mm: u32,
+    /// `struct mm_struct.arg_start` (where a process' argv, so a Postgres title, starts)
+    pub mm_arg_start: u32,
     pub _pad: u32,
 }
 

@@ -11,6 +11,28 @@ pub enum LifecycleKind {
     Exec = 1,
     /// A tracked process exited; the kernel already removed it from the tracked map.
     Exit = 2,
+    /// A provisional process (a new Postgres backend) has just set its title: a
+    /// [`TitleEvent`], so it can be classified even if it exits before userspace looks.
+    Titled = 3,
+}
+
+/// Bytes of a title sent with [`TitleEvent`]: `cluster_name: user database host(port)` with
+/// 63-byte names fits.
+pub const TITLE_MAX: usize = 256;
+
+/// Sent from the return of PostgreSQL's `init_ps_display` (a uretprobe) for provisional
+/// processes. Shares the lifecycle ring buffer, so it arrives before the process' exit.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TitleEvent {
+    /// `LifecycleKind::Titled`, at the same place as `LifecycleEvent::kind`.
+    pub kind: u32,
+    pub pid: u32,
+    /// Bytes of `title` written, the terminating NUL included.
+    pub len: u32,
+    pub _pad: u32,
+    /// The start of the process' argv, where Postgres writes its title.
+    pub title: [u8; TITLE_MAX],
 }
 
 #[repr(C)]
@@ -32,6 +54,7 @@ impl LifecycleKind {
             0 => Some(LifecycleKind::Fork),
             1 => Some(LifecycleKind::Exec),
             2 => Some(LifecycleKind::Exit),
+            3 => Some(LifecycleKind::Titled),
             _ => None,
         }
     }

@@ -81,10 +81,13 @@ pub fn run_checks() -> Vec<Finding> {
                 Some(r) => tracefs::tracepoint_exists(r, cat, &program),
                 None => continue,
             },
+            // Attached per postgres binary at run time; a failure only costs speed.
+            probes::Attach::UProbeLater => continue,
         };
         let kind = match attach {
             probes::Attach::Btf => format!("tp_btf/{program}"),
             probes::Attach::TracePoint(cat) => format!("tracepoint/{cat}/{program}"),
+            probes::Attach::UProbeLater => continue,
         };
         let level = match (present, optional(&program)) {
             (true, _) => Level::Ok,

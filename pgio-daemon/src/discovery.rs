@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{Array, MapData, RingBuf};
 use pgio_common::{
     PROVISIONAL, SERIES_UNTRACKED,
-    lifecycle::{LifecycleEvent, LifecycleKind},
+    lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent},
 };
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 use crate::{
     classifier::{Classifier, ProcessInfo},
     labels::Labels,
+    probes::TitleProbe,
     provisional::Provisional,
     series::SeriesRegistry,
 };
@@ -136,6 +137,7 @@ pub struct Discovery {
     kernel_map: Array<MapData, u32>,
     /// The kernel's `CHILD_SERIES`: series → provisional series of its children.
     child_map: Array<MapData, u32>,
+    titles: Option<TitleProbe>,
     pending: BinaryHeap<Reverse<(Instant, u32, usize)>>,
     self_pid: u32,
 }
@@ -146,6 +148,7 @@ impl Discovery {
         shared: SharedTracked,
         kernel_map: Array<MapData, u32>,
         child_map: Array<MapData, u32>,
+        titles: Option<TitleProbe>,
     ) -> Discovery {
         {
             let mut t = lock(&shared);
@@ -156,6 +159,7 @@ impl Discovery {
             shared,
             kernel_map,
             child_map,
+            titles,
             pending: BinaryHeap::new(),
             self_pid: std::process::id(),
         }
@@ -260,6 +264,12 @@ impl Discovery {
             // Ids past the array's end just keep inheriting the parent's series.
             let _ = self.child_map.set(parent, child, 0);
         }
+        if labels.app == "postgres"
+            && labels.role == "postmaster"
+            && let Some(t) = self.titles.as_mut()
+        {
+            t.attach_for(pid);
+        }
         let provisional = Classifier::is_provisional(&labels);
         let id = shared.registry.intern(labels);
         if shared.provisional.is_open(pid) && provisional {
@@ -314,7 +324,12 @@ impl Discovery {
                 let mut shared = lock(&self.shared);
                 shared.pids.remove(&ev.pid);
                 shared.provisional.closed(ev.pid);
+                // The kernel cleared it at exit; a classification racing with the exit may
+                // have written it again, and the pid will be reused.
+                let _ = self.kernel_map.set(ev.pid, SERIES_UNTRACKED, 0);
             }
+            // Sent as a TitleEvent; see `titled`.
+            Some(LifecycleKind::Titled) => {}
             None => debug!(kind = ev.kind, "unknown lifecycle event"),
         }
     }
@@ -328,6 +343,9 @@ impl Discovery {
         if let Some(labels) = labels.filter(Classifier::is_provisional) {
             // A new postmaster only changes into its data directory (its cluster label) after
             // exec: book it under its own provisional series until then, as a forked child.
+            if let Some(t) = self.titles.as_mut() {
+                t.attach_for(pid);
+            }
             let mut shared = lock(&self.shared);
             let id = shared.registry.intern(labels);
             if self.kernel_map.set(pid, PROVISIONAL | pid, 0).is_ok() {
@@ -338,6 +356,41 @@ impl Discovery {
             return;
         }
         self.schedule(pid, 0);
+    }
+
+    /// A provisional process has just set its title (the kernel sent it): classify it from
+    /// that, also when it has already exited. The rest comes from /proc when it is still
+    /// there, else from its provisional labels (cluster).
+    fn titled(&mut self, pid: u32, title: String) {
+        let fallback = {
+            let shared = lock(&self.shared);
+            if !shared.provisional.is_open(pid) {
+                return;
+            }
+            shared
+                .pids
+                .get(&pid)
+                .and_then(|id| shared.registry.labels(*id))
+                .cloned()
+        };
+        let mut info = read_process(pid).unwrap_or_default();
+        info.pid = pid;
+        info.comm = "postgres".into();
+        info.argv = vec![title.clone()];
+        info.cmdline = title;
+        info.parent_comm = Some("postgres".into());
+        if let Some(dir) = self.classifier.learn(&info) {
+            self.relabel_cluster(&dir);
+        }
+        let Some(mut labels) = self.classifier.classify(&info) else {
+            return;
+        };
+        if labels.cluster.is_empty()
+            && let Some(f) = fallback
+        {
+            labels.cluster = f.cluster;
+        }
+        self.track(pid, labels);
     }
 
     /// Still unclassified after the last look: its events go to the provisional labels'
@@ -398,7 +451,10 @@ impl Discovery {
                     let events = drain(guard.get_inner_mut());
                     guard.clear_ready();
                     for ev in events {
-                        self.handle(ev);
+                        match ev {
+                            Event::Lifecycle(ev) => self.handle(ev),
+                            Event::Titled { pid, title } => self.titled(pid, title),
+                        }
                     }
                 }
                 _ = rescan.tick() => {
@@ -412,12 +468,34 @@ impl Discovery {
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>) -> Vec<LifecycleEvent> {
+enum Event {
+    Lifecycle(LifecycleEvent),
+    Titled { pid: u32, title: String },
+}
+
+fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
     let mut out = Vec::new();
     while let Some(item) = ring.next() {
-        if item.len() >= std::mem::size_of::<LifecycleEvent>() {
+        let kind = item
+            .get(..4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        if kind == Some(LifecycleKind::Titled as u32)
+            && item.len() >= std::mem::size_of::<TitleEvent>()
+        {
+            // SAFETY: the kernel wrote a TitleEvent (repr(C), integers and bytes); unaligned read.
+            let ev = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const TitleEvent) };
+            let len = (ev.len as usize).min(ev.title.len());
+            let bytes = &ev.title[..len];
+            let bytes = bytes.split(|&b| b == 0).next().unwrap_or_default();
+            out.push(Event::Titled {
+                pid: ev.pid,
+                title: String::from_utf8_lossy(bytes).into_owned(),
+            });
+        } else if item.len() >= std::mem::size_of::<LifecycleEvent>() {
             // SAFETY: the kernel wrote a LifecycleEvent (repr(C), plain integers); unaligned read.
-            out.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifecycleEvent) });
+            out.push(Event::Lifecycle(unsafe {
+                std::ptr::read_unaligned(item.as_ptr() as *const LifecycleEvent)
+            }));
         }
     }
     out

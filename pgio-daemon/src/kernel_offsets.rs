@@ -17,6 +17,8 @@ pub fn from_vmlinux() -> Result<KernelOffsets> {
         gendisk_first_minor: offset_of(&btf, "gendisk", "first_minor")?,
         task_pid: offset_of(&btf, "task_struct", "pid")?,
         task_tgid: offset_of(&btf, "task_struct", "tgid")?,
+        task_mm: offset_of(&btf, "task_struct", "mm")?,
+        mm_arg_start: offset_of(&btf, "mm_struct", "arg_start")?,
         _pad: 0,
     })
 }

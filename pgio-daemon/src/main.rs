@@ -216,6 +216,9 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         .programs()
         .filter_map(|(name, p)| Some((name.to_owned(), p.fd().ok()?.as_fd().as_raw_fd())))
         .collect();
+    // Discovery attaches the title uretprobe to postgres binaries as it finds them.
+    let probes::Probes { ebpf, status } = probes;
+    let ebpf = Arc::new(Mutex::new(ebpf));
 
     let shared: SharedTracked = Arc::default();
     let mut discovery = Discovery::new(
@@ -223,6 +226,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         shared.clone(),
         tracked_map,
         child_series_map,
+        Some(probes::TitleProbe::new(ebpf.clone())),
     );
     discovery.scan_all()?;
     info!(
@@ -235,7 +239,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         syscall: Arc::new(syscall::SyscallReader::new(syscall_hist)),
         drops,
         tracked: shared.clone(),
-        probes: probes.status.clone(),
+        probes: status,
         program_fds,
         devices: Mutex::default(),
         volumes: Mutex::new(LonghornVolumes::new(config.longhorn_device_dir())),
@@ -258,7 +262,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
             r.context("discovery task panicked")?.context("discovery")?;
         }
     }
-    drop(probes);
+    drop(ebpf);
     info!("probes detached, exiting");
     Ok(())
 }

@@ -4,9 +4,13 @@
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, TracePoint},
+    programs::{BtfTracePoint, TracePoint, UProbe, uprobe::UProbeScope},
 };
 use pgio_common::{block_io::KernelOffsets, syscall::Syscall};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
 use tracing::{info, warn};
 
 use crate::kernel_offsets;
@@ -20,6 +24,8 @@ pub enum Attach {
     Btf,
     /// `tracepoint/<category>/<name>`
     TracePoint(&'static str),
+    /// A uretprobe loaded now and attached per binary later (`TitleProbe`).
+    UProbeLater,
 }
 
 #[derive(Clone, Debug)]
@@ -43,6 +49,7 @@ pub fn programs() -> Vec<(String, Attach)> {
     .collect();
     v.push(("sched_process_exec".into(), Attach::TracePoint("sched")));
     v.push(("sched_process_exit".into(), Attach::TracePoint("sched")));
+    v.push((TITLE_PROGRAM.into(), Attach::UProbeLater));
     for sc in Syscall::ALL {
         for dir in ["enter", "exit"] {
             v.push((
@@ -52,6 +59,61 @@ pub fn programs() -> Vec<(String, Attach)> {
         }
     }
     v
+}
+
+/// The uretprobe on PostgreSQL's `init_ps_display` (program and function share the name).
+pub const TITLE_PROGRAM: &str = "init_ps_display";
+
+/// Attaches the title uretprobe to each distinct postgres executable, the first time one of
+/// its postmasters is seen (by inode: the same binary under several paths or in several
+/// containers is attached once).
+pub struct TitleProbe {
+    ebpf: Arc<Mutex<Ebpf>>,
+    attached: HashSet<(u64, u64)>,
+}
+
+impl TitleProbe {
+    pub fn new(ebpf: Arc<Mutex<Ebpf>>) -> TitleProbe {
+        TitleProbe {
+            ebpf,
+            attached: HashSet::new(),
+        }
+    }
+
+    /// Attaches to the executable of process `pid` unless already done. `/proc/<pid>/exe`
+    /// reaches the binary also inside another mount namespace.
+    pub fn attach_for(&mut self, pid: u32) {
+        use std::os::unix::fs::MetadataExt;
+        let exe = format!("/proc/{pid}/exe");
+        let Ok(meta) = std::fs::metadata(&exe) else {
+            return;
+        };
+        if !self.attached.insert((meta.dev(), meta.ino())) {
+            return;
+        }
+        let mut ebpf = self.ebpf.lock().unwrap_or_else(|e| e.into_inner());
+        let result = ebpf
+            .program_mut(TITLE_PROGRAM)
+            .context("program missing")
+            .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
+            .and_then(|p| {
+                p.attach(TITLE_PROGRAM, &exe, UProbeScope::AllProcesses)
+                    .map_err(Into::into)
+            });
+        let binary = std::fs::read_link(&exe)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        match result {
+            Ok(_) => info!(pid, binary, "title uretprobe attached"),
+            // Classification falls back to reading /proc a few ms after fork.
+            Err(e) => warn!(
+                pid,
+                binary,
+                error = format!("{e:#}"),
+                "title uretprobe not attached"
+            ),
+        }
+    }
 }
 
 pub struct Probes {
@@ -140,6 +202,11 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &str, attach: Attach) -> Result<
                 .with_context(|| format!("loading tp_btf/{name}"))?;
             p.attach()
                 .with_context(|| format!("attaching tp_btf/{name}"))?;
+        }
+        Attach::UProbeLater => {
+            let p: &mut UProbe = prog.try_into()?;
+            p.load()
+                .with_context(|| format!("loading uretprobe {name}"))?;
         }
         Attach::TracePoint(category) => {
             let p: &mut TracePoint = prog.try_into()?;

@@ -25,6 +25,8 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     gendisk_first_minor: 0,
     task_pid: 0,
     task_tgid: 0,
+    task_mm: 0,
+    mm_arg_start: 0,
     _pad: 0,
 };
 

@@ -1,14 +1,17 @@
 //! Process lifecycle → ring buffer → userspace discovery. Only events userspace acts on:
 //! forks of tracked processes, every exec, exits of tracked processes.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, map, tracepoint},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes,
+        generated::bpf_get_current_task,
+    },
+    macros::{btf_tracepoint, map, tracepoint, uretprobe},
     maps::RingBuf,
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::{BtfTracePointContext, RetProbeContext, TracePointContext},
 };
 use pgio_common::{
-    Drop, SERIES_UNTRACKED,
-    lifecycle::{LifecycleEvent, LifecycleKind},
+    Drop, PROVISIONAL, SERIES_UNTRACKED,
+    lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent},
 };
 
 use crate::{block_io::offsets, drops, tracked};
@@ -78,5 +81,48 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     };
     tracked::set(tgid, SERIES_UNTRACKED);
     emit(LifecycleKind::Exit, tgid, 0, series);
+    0
+}
+
+/// Return of PostgreSQL's `init_ps_display()`: the process has just written its title over
+/// its argv. For a provisional process (a postmaster's new child) the title is sent now, so
+/// userspace can classify it even when it exits before userspace could read /proc (a
+/// `pgbench -C` backend lives a few milliseconds). Attached per postgres binary by userspace.
+#[uretprobe]
+pub fn init_ps_display(_ctx: RetProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    match tracked::series_of(tgid) {
+        Some(series) if series & PROVISIONAL != 0 => {}
+        _ => return 0,
+    }
+    let off = offsets();
+    // SAFETY: reads of the current task's own fields through BTF offsets; failures return.
+    let arg_start = unsafe {
+        let task = bpf_get_current_task();
+        let Ok(mm) = bpf_probe_read_kernel((task + off.task_mm as u64) as *const u64) else {
+            return 0;
+        };
+        let Ok(arg_start) = bpf_probe_read_kernel((mm + off.mm_arg_start as u64) as *const u64)
+        else {
+            return 0;
+        };
+        arg_start
+    };
+    let Some(mut entry) = LIFECYCLE.reserve::<TitleEvent>(0) else {
+        drops::count(Drop::LifecycleRingFull);
+        return 0;
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points at ring buffer memory reserved for one TitleEvent.
+    unsafe {
+        (*ev).kind = LifecycleKind::Titled as u32;
+        (*ev).pid = tgid;
+        (*ev)._pad = 0;
+        let len = bpf_probe_read_user_str_bytes(arg_start as *const u8, &mut (*ev).title)
+            .map(|s| s.len() + 1)
+            .unwrap_or(0);
+        (*ev).len = len as u32;
+    }
+    entry.submit(0);
     0
 }
