@@ -362,16 +362,17 @@ impl Discovery {
     /// that, also when it has already exited. The rest comes from /proc when it is still
     /// there, else from its provisional labels (cluster).
     fn titled(&mut self, pid: u32, title: String) {
-        let fallback = {
+        let (open, fallback) = {
             let shared = lock(&self.shared);
-            if !shared.provisional.is_open(pid) {
+            if !shared.provisional.wants_title(pid) {
                 return;
             }
-            shared
-                .pids
-                .get(&pid)
-                .and_then(|id| shared.registry.labels(*id))
-                .cloned()
+            let fallback = shared
+                .provisional
+                .fallback(pid)
+                .and_then(|id| shared.registry.labels(id))
+                .cloned();
+            (shared.provisional.is_open(pid), fallback)
         };
         let mut info = read_process(pid).unwrap_or_default();
         info.pid = pid;
@@ -390,7 +391,14 @@ impl Discovery {
         {
             labels.cluster = f.cluster;
         }
-        self.track(pid, labels);
+        if open {
+            self.track(pid, labels);
+        } else {
+            // Already gone: only where its held-back events go.
+            let mut shared = lock(&self.shared);
+            let id = shared.registry.intern(labels);
+            shared.provisional.classified_late(pid, id);
+        }
     }
 
     /// Still unclassified after the last look: its events go to the provisional labels'

@@ -76,6 +76,26 @@ impl Provisional {
         }
     }
 
+    /// The `starting` series `pid` was forked into.
+    pub fn fallback(&self, pid: u32) -> Option<u32> {
+        self.entries.get(&pid).map(|e| e.fallback)
+    }
+
+    /// Whether a title for `pid` still matters: it is open, or it was closed (exited, or
+    /// found exiting by a /proc read) before it was classified.
+    pub fn wants_title(&self, pid: u32) -> bool {
+        self.entries.get(&pid).is_some_and(|e| e.target.is_none())
+    }
+
+    /// The title of a process that was closed unclassified arrived late (the ring buffer is
+    /// read after a scheduled /proc look that found it exiting): its events still go to
+    /// `series`, unless a fold already moved them.
+    pub fn classified_late(&mut self, pid: u32, series: u32) {
+        if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.target.is_none()) {
+            e.target = Some(series);
+        }
+    }
+
     /// `pid` exited or stopped being tracked before it was classified: its events stay
     /// `starting`.
     pub fn closed(&mut self, pid: u32) {
@@ -150,6 +170,11 @@ mod tests {
             Route::Pending,
             "fork event not handled yet"
         );
+        // A title that arrives after an unclassified close still counts.
+        assert!(p.wants_title(101));
+        p.classified_late(101, 8);
+        assert_eq!(p.route(PROVISIONAL | 101), Route::Fold(8));
+        assert!(!p.wants_title(101));
         // Closing twice keeps the first outcome.
         p.closed(100);
         assert_eq!(p.route(PROVISIONAL | 100), Route::Fold(7));
