@@ -1,6 +1,6 @@
 //! Userspace hot spots: encoding /metrics for 5,000 series, classifying 10,000 process titles,
 //! a full /proc scan. `cargo xtask bench` runs these and puts the figures in BENCHMARKS.md.
-use std::{fmt, hint::black_box};
+use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use pgio_common::{
@@ -11,11 +11,11 @@ use pgio_common::{
 use pgio_daemon::{
     classifier::{Classifier, ProcessInfo, rules::Rule},
     discovery::{Tracked, classify_all},
-    exposition::{Snapshot, encode_snapshot, openmetrics, prometheus_text},
+    exposition::{FixedSnapshot, Snapshot, openmetrics, prometheus_text},
     hist::Log2Hist,
     labels::Labels,
 };
-use prometheus_client::{collector::Collector, encoding::DescriptorEncoder, registry::Registry};
+use prometheus_client::registry::Registry;
 
 fn hist(seed: u64) -> Log2Hist {
     let mut h = Log2Hist::default();
@@ -73,24 +73,10 @@ fn fixture(label_sets: u32) -> (Snapshot, Tracked) {
     (snap, tracked)
 }
 
-struct Fixed(Snapshot, Tracked);
-
-impl fmt::Debug for Fixed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Fixed")
-    }
-}
-
-impl Collector for Fixed {
-    fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
-        encode_snapshot(&self.0, &self.1, enc)
-    }
-}
-
 fn exposition_of(c: &mut Criterion, name: &str, label_sets: u32) {
     let (snap, tracked) = fixture(label_sets);
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Fixed(snap, tracked)));
+    registry.register_collector(Box::new(FixedSnapshot(snap, tracked)));
     let text = prometheus_text(&openmetrics(&registry).expect("encode"));
     let series = text.lines().filter(|l| !l.starts_with('#')).count();
     eprintln!(

@@ -235,6 +235,22 @@ impl Collector for PgioCollector {
     }
 }
 
+/// A snapshot taken once, encoded at every scrape: for tests and benchmarks of the
+/// exposition without kernel maps.
+pub struct FixedSnapshot(pub Snapshot, pub Tracked);
+
+impl fmt::Debug for FixedSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FixedSnapshot")
+    }
+}
+
+impl Collector for FixedSnapshot {
+    fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
+        encode_snapshot(&self.0, &self.1, enc)
+    }
+}
+
 /// Labels the snapshot with the series registry and encodes every pgio metric family.
 pub fn encode_snapshot(
     snap: &Snapshot,
@@ -509,23 +525,9 @@ mod tests {
         assert!(!text.contains("cluster="), "{text}");
     }
 
-    struct Fixed(Snapshot, Tracked);
-
-    impl fmt::Debug for Fixed {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("Fixed")
-        }
-    }
-
-    impl Collector for Fixed {
-        fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
-            encode_snapshot(&self.0, &self.1, enc)
-        }
-    }
-
     fn exposition(snap: Snapshot, tracked: Tracked) -> String {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(Fixed(snap, tracked)));
+        registry.register_collector(Box::new(FixedSnapshot(snap, tracked)));
         prometheus_text(&openmetrics(&registry).expect("encode"))
     }
 

@@ -19,15 +19,15 @@
 //! `PGIO_DASHBOARDS_HOLD_SECS=<n>` keeps everything up for n seconds before the queries and
 //! prints Prometheus' address, to try queries by hand.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::{longhorn_daemon, pg_on_longhorn};
 use pgio_testkit::serde_json::{self, Value};
-use pgio_testkit::{
-    Ext4Mount, LonghornOptions, LonghornVolume, PgCluster, PgOptions, Prometheus, pg_bin_dir,
-    require_root, rules_config, temp_dir,
-};
+use pgio_testkit::{Prometheus, require_root};
 
 const DASHBOARDS: [&str; 3] = ["pgio-postgres", "pgio-longhorn-volume", "pgio-self"];
 
@@ -477,47 +477,20 @@ fn every_panel_query_returns_data() {
     }
     let t0 = Instant::now();
     let cluster = format!("15/dash-{}", std::process::id());
-    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
-    // Declared in creation order: dropped (torn down) in reverse, also on panic.
-    let vol = LonghornVolume::start(LonghornOptions {
-        size_bytes: 640 << 20,
-        replicas: 2,
-        sync_agent: true,
-        ..LonghornOptions::default()
-    })
-    .expect("Longhorn stand-in");
-    let dir = temp_dir().expect("temp dir");
-    let mut fs = Ext4Mount::on_device(vol.device(), &dir.path().join("mnt")).expect("ext4");
-    let opts = PgOptions::new(&bin, fs.path().join("pgdata"), 56_430)
-        .shared_buffers("16MB")
-        .setting("autovacuum", "off")
-        .setting("cluster_name", &format!("'{cluster}'"));
-    let mut pg = PgCluster::init_with(opts).expect("initdb");
-    pg.start().expect("start");
-    pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
-        .expect("pgbench -i");
-    pg.psql("checkpoint").expect("checkpoint");
-    pg.stop().expect("stop");
-    fs.remount().expect("remount: cold cache");
+    let cluster_name = format!("'{cluster}'");
+    let mut s = pg_on_longhorn(None, 56_430, &[("cluster_name", cluster_name.as_str())]);
     let setup = t0.elapsed();
 
     // A real Longhorn volume is a SCSI disk with mq-deadline; the stand-in's loop device has
     // no scheduler, so no request would be queued (the queue-time panel).
-    let sched = format!("/sys/block/{}/queue/scheduler", vol.device_name());
+    let sched = format!("/sys/block/{}/queue/scheduler", s.vol.device_name());
     std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
 
-    let config = format!(
-        "bpf_stats = true\nlonghorn_device_dir = \"{}\"\n{}",
-        vol.dev_dir().display(),
-        // The FUSE frontend stands in for tgtd; it is ours, not Longhorn's, so a user rule.
-        rules_config(&[("longhorn", "frontend", "^longhorn-fuse$")])
-    );
-    let daemon = pgio_testkit::Daemon::start(Path::new(env!("CARGO_BIN_EXE_pgio-daemon")), &config)
-        .expect("daemon");
+    let daemon = longhorn_daemon(&s.vol, "bpf_stats = true\n");
     let target = daemon.url.trim_start_matches("http://").to_owned();
     let prom = Prometheus::start("pgio", &[&target]).expect("prometheus");
     let prom_start = unix_now();
-    pg.start().expect("start cold");
+    s.pg.start().expect("start cold");
     daemon
         .wait_tracked("postgres", "checkpointer")
         .expect("postgres");
@@ -527,13 +500,13 @@ fn every_panel_query_returns_data() {
     prom.wait_up("pgio", Duration::from_secs(20))
         .expect("prometheus scrapes pgio");
     // A connected client at query time (for the tracked-processes panels).
-    let _session = pg.session("postgres", "postgres").expect("psql session");
+    let _session = s.pg.session("postgres", "postgres").expect("psql session");
     // A series counts for rate() from its second sample on: this first checkpoint creates the
     // checkpointer's fsync/pwrite64 series, so that the last one's show in the window.
-    pg.psql("checkpoint").expect("checkpoint");
+    s.pg.psql("checkpoint").expect("checkpoint");
 
     // Cold reads through the volume, at a rate 2 vCPUs keep up with.
-    pg.pgbench_ok(&[
+    s.pg.pgbench_ok(&[
         "-S",
         "-c",
         "4",
@@ -548,9 +521,9 @@ fn every_panel_query_returns_data() {
     .expect("pgbench -S");
     // A burst of commits: WAL flushes by backends and walwriter, and backends waiting for
     // WALWriteLock on their semaphores (futex).
-    pg.pgbench_ok(&["-N", "-c", "4", "-j", "2", "-T", "3", "postgres"])
+    s.pg.pgbench_ok(&["-N", "-c", "4", "-j", "2", "-T", "3", "postgres"])
         .expect("pgbench -N");
-    pg.psql("checkpoint").expect("checkpoint");
+    s.pg.psql("checkpoint").expect("checkpoint");
     // Two scrapes after the checkpoint.
     std::thread::sleep(Duration::from_millis(2500));
     let at = unix_now();
@@ -580,8 +553,8 @@ fn every_panel_query_returns_data() {
     // Values of this scenario (other volumes or clusters on the machine may be offered too).
     let prefer: BTreeMap<&str, String> = [
         ("cluster", cluster.clone()),
-        ("volume", vol.volume().to_owned()),
-        ("device", vol.device_name().to_owned()),
+        ("volume", s.vol.volume().to_owned()),
+        ("device", s.vol.device_name().to_owned()),
         ("instance", target.clone()),
         ("database", "postgres".to_owned()),
         ("user", "postgres".to_owned()),
@@ -648,7 +621,7 @@ fn every_panel_query_returns_data() {
             "cluster",
             &[&format!(
                 "pgio_block_io_requests_total{{volume=\"{}\",app=\"postgres\"}}",
-                vol.volume()
+                s.vol.volume()
             )],
         )
         .expect("clusters on the volume");

@@ -19,12 +19,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
+use common::{longhorn_daemon, pg_on_longhorn};
 use pgio_testkit::{
-    DiskStats, Ext4Mount, LonghornOptions, LonghornVolume, Metrics, PgCluster, PgOptions,
-    diskstats, metrics::Histogram, pg_bin_dir, require_root, rules_config, temp_dir,
+    DiskStats, LonghornVolume, Metrics, diskstats, metrics::Histogram, require_root,
 };
 
 const RUN_SECS: u32 = 20;
@@ -145,37 +144,9 @@ fn print(case: &str, l: &Layers) {
 }
 
 fn run(latency: Option<Duration>, port: u16) -> Layers {
-    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
-    let vol = LonghornVolume::start(LonghornOptions {
-        size_bytes: 640 << 20,
-        replicas: 2,
-        replica_latency: latency,
-        sync_agent: true,
-        ..LonghornOptions::default()
-    })
-    .expect("Longhorn stand-in");
-    let dir = temp_dir().expect("temp dir");
-    let mut fs = Ext4Mount::on_device(vol.device(), &dir.path().join("mnt")).expect("ext4");
-    let opts = PgOptions::new(&bin, fs.path().join("pgdata"), port)
-        .shared_buffers("16MB")
-        .setting("autovacuum", "off");
-    let mut pg = PgCluster::init_with(opts).expect("initdb");
-    pg.start().expect("start");
-    pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
-        .expect("pgbench -i");
-    pg.psql("checkpoint").expect("checkpoint");
-    pg.stop().expect("stop");
-    fs.remount().expect("remount: cold cache");
-
-    let config = format!(
-        "longhorn_device_dir = \"{}\"\n{}",
-        vol.dev_dir().display(),
-        // The FUSE frontend stands in for tgtd; it is ours, not Longhorn's, so a user rule.
-        rules_config(&[("longhorn", "frontend", "^longhorn-fuse$")])
-    );
-    let daemon = pgio_testkit::Daemon::start(Path::new(env!("CARGO_BIN_EXE_pgio-daemon")), &config)
-        .expect("daemon");
-    pg.start().expect("start cold");
+    let mut setup = pg_on_longhorn(latency, port, &[]);
+    let daemon = longhorn_daemon(&setup.vol, "");
+    setup.pg.start().expect("start cold");
     daemon
         .wait_tracked("postgres", "postmaster")
         .expect("postgres");
@@ -183,13 +154,14 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
         .wait_tracked("longhorn", "replica")
         .expect("replicas");
 
-    let volume = vol.volume().to_owned();
+    let volume = setup.vol.volume().to_owned();
     let (lo, backing) = (
-        vol.device_name().to_owned(),
-        vol.backing_loop().name().to_owned(),
+        setup.vol.device_name().to_owned(),
+        setup.vol.backing_loop().name().to_owned(),
     );
-    let (m0, d0, b0) = quiet_snapshot(&daemon, &vol, &lo, &backing);
-    let out = pg
+    let (m0, d0, b0) = quiet_snapshot(&daemon, &setup.vol, &lo, &backing);
+    let out = setup
+        .pg
         .pgbench_ok(&[
             "-S",
             "-c",
@@ -203,7 +175,7 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
             "postgres",
         ])
         .expect("pgbench -S");
-    let (m1, d1, b1) = quiet_snapshot(&daemon, &vol, &lo, &backing);
+    let (m1, d1, b1) = quiet_snapshot(&daemon, &setup.vol, &lo, &backing);
     let tps = out
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))
@@ -276,9 +248,8 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
         excerpt,
     };
     daemon.stop().expect("daemon stop");
-    pg.stop().expect("stop");
-    drop(fs);
-    drop(vol);
+    setup.pg.stop().expect("stop");
+    drop(setup);
     layers
 }
 

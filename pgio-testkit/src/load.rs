@@ -219,6 +219,28 @@ pub(crate) fn profile_dir_of(exe: &Path) -> Result<PathBuf> {
     Ok(dir.to_owned())
 }
 
+/// The cargo target directory this test executable was built into (fixtures cache
+/// downloads and builds there).
+pub(crate) fn target_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the current executable")?;
+    target_dir_of(&profile_dir_of(&exe)?)
+}
+
+/// `target` for `target/<profile>` or `target/<triple>/<profile>`.
+fn target_dir_of(profile_dir: &Path) -> Result<PathBuf> {
+    let parent = profile_dir
+        .parent()
+        .with_context(|| format!("{} has no parent", profile_dir.display()))?;
+    let is_triple = parent
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.contains("-linux-"));
+    Ok(match (is_triple, parent.parent()) {
+        (true, Some(target)) => target.to_owned(),
+        _ => parent.to_owned(),
+    })
+}
+
 fn build_pgio_load(profile_dir: &Path) -> Result<()> {
     let profile = profile_dir
         .file_name()
@@ -284,6 +306,18 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_dir_from_profile_dir() {
+        assert_eq!(
+            target_dir_of(Path::new("/w/target/release")).unwrap(),
+            Path::new("/w/target")
+        );
+        assert_eq!(
+            target_dir_of(Path::new("/w/target/x86_64-unknown-linux-gnu/debug")).unwrap(),
+            Path::new("/w/target")
+        );
+    }
 
     #[test]
     fn parses_done_fields() {

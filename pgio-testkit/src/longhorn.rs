@@ -129,9 +129,8 @@ pub struct LonghornVolume {
     frontend: Option<Proc>,
     mountpoint: PathBuf,
     fuse_file: PathBuf,
-    device: Option<PathBuf>,
-    device_name: String,
-    device_major_minor: (u32, u32),
+    /// The volume as a block device; detached before the frontend stops.
+    device: Option<LoopDevice>,
     dev_dir: PathBuf,
     // Dropped last, after Drop::drop emptied everything above.
     dir: TempDir,
@@ -175,8 +174,6 @@ impl LonghornVolume {
             mountpoint: root.join("fuse"),
             fuse_file: root.join("fuse").join(&opts.volume),
             device: None,
-            device_name: String::new(),
-            device_major_minor: (0, 0),
             dev_dir: root.join("dev/longhorn"),
             dir,
         };
@@ -289,17 +286,17 @@ impl LonghornVolume {
 
     /// `/dev/loopN`: the volume as a block device (direct IO over the FUSE file).
     pub fn device(&self) -> &Path {
-        self.device.as_deref().unwrap_or(Path::new(""))
+        self.device.as_ref().map_or(Path::new(""), LoopDevice::path)
     }
 
     /// `loopN`, the volume device's name in /proc/diskstats and /sys/block.
     pub fn device_name(&self) -> &str {
-        &self.device_name
+        self.device.as_ref().map_or("", LoopDevice::name)
     }
 
     /// (major, minor) of the volume device (and of the node in `dev_dir`).
     pub fn device_major_minor(&self) -> (u32, u32) {
-        self.device_major_minor
+        self.device.as_ref().map_or((0, 0), LoopDevice::major_minor)
     }
 
     /// Stands in for `/dev/longhorn`: holds a block node named after the volume with the
@@ -409,7 +406,7 @@ impl LonghornVolume {
         let mut last = None;
         let mut stable_since = Instant::now();
         wait_until(timeout, Duration::from_millis(50), || {
-            let Ok(s) = crate::diskstats(&self.device_name) else {
+            let Ok(s) = crate::diskstats(self.device_name()) else {
                 return false;
             };
             let key = (s.reads_completed, s.writes_completed, s.ios_in_progress);
@@ -444,40 +441,13 @@ impl LonghornVolume {
             .chain(&self.frontend)
     }
 
-    /// `losetup --find --show --direct-io=on` on the FUSE file, then the `/dev/longhorn` node.
+    /// A direct-IO loop device on the FUSE file, then the `/dev/longhorn` node.
     fn attach_device(&mut self) -> Result<()> {
-        let out = cmd::run(
-            Command::new("losetup")
-                .args(["--find", "--show", "--direct-io=on"])
-                .arg(&self.fuse_file),
-        )?;
-        let path = PathBuf::from(out.trim());
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .filter(|n| n.starts_with("loop"))
-            .with_context(|| format!("unexpected losetup output {out:?}"))?
-            .to_owned();
-        self.device = Some(path);
-        self.device_name = name.clone();
-        let sys = Path::new("/sys/block").join(&name);
-        let dio = std::fs::read_to_string(sys.join("loop/dio")).unwrap_or_default();
-        ensure!(
-            dio.trim() == "1",
-            "{name}: direct IO requested but loop/dio = {:?} (FUSE file not O_DIRECT-capable?)",
-            dio.trim()
-        );
-        let dev = std::fs::read_to_string(sys.join("dev"))
-            .with_context(|| format!("reading {}", sys.join("dev").display()))?;
-        let (ma, mi) = dev
-            .trim()
-            .split_once(':')
-            .with_context(|| format!("bad dev {dev:?}"))?;
-        self.device_major_minor = (ma.parse()?, mi.parse()?);
-
+        let dev = LoopDevice::attach(&self.fuse_file, true)?;
+        let (ma, mi) = dev.major_minor();
+        self.device = Some(dev);
         let node = self.dev_dir.join(&self.volume);
         let c_node = std::ffi::CString::new(node.as_os_str().as_bytes())?;
-        let (ma, mi) = self.device_major_minor;
         // SAFETY: c_node is a valid NUL-terminated path.
         let rc = unsafe {
             libc::mknod(
@@ -497,20 +467,9 @@ impl LonghornVolume {
     }
 
     fn detach_device(&mut self) {
-        let Some(dev) = self.device.take() else {
-            return;
-        };
-        let _ = std::fs::remove_file(self.dev_dir.join(&self.volume));
-        let mut last = None;
-        for _ in 0..10 {
-            match cmd::run(Command::new("losetup").arg("-d").arg(&dev)) {
-                Ok(_) => return,
-                Err(e) => last = Some(e),
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        if let Some(e) = last {
-            eprintln!("pgio-testkit: failed to detach {}: {e:#}", dev.display());
+        if let Some(dev) = self.device.take() {
+            let _ = std::fs::remove_file(self.dev_dir.join(&self.volume));
+            drop(dev);
         }
     }
 
@@ -750,8 +709,7 @@ pub fn standin_bin_dir() -> Result<PathBuf> {
     let src = src
         .canonicalize()
         .with_context(|| format!("Go sources of the stand-in at {}", src.display()))?;
-    let exe = std::env::current_exe().context("locating the current executable")?;
-    let out = target_dir_of(&crate::load::profile_dir_of(&exe)?)?.join("longhorn-standin");
+    let out = crate::load::target_dir()?.join("longhorn-standin");
     let staging = out.join(format!(".build-{}", std::process::id()));
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
 
@@ -806,21 +764,6 @@ fn go_binary() -> Result<PathBuf> {
         })
 }
 
-/// `target` for `target/<profile>` or `target/<triple>/<profile>`.
-fn target_dir_of(profile_dir: &Path) -> Result<PathBuf> {
-    let parent = profile_dir
-        .parent()
-        .with_context(|| format!("{} has no parent", profile_dir.display()))?;
-    let is_triple = parent
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.contains("-linux-"));
-    Ok(match (is_triple, parent.parent()) {
-        (true, Some(target)) => target.to_owned(),
-        _ => parent.to_owned(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -842,17 +785,5 @@ mod tests {
         assert_eq!(a.len(), "pvc-".len() + 36, "{a}");
         assert!(a.starts_with("pvc-"));
         assert_eq!(a.matches('-').count(), 5, "{a}");
-    }
-
-    #[test]
-    fn target_dir_from_profile_dir() {
-        assert_eq!(
-            target_dir_of(Path::new("/w/target/release")).unwrap(),
-            Path::new("/w/target")
-        );
-        assert_eq!(
-            target_dir_of(Path::new("/w/target/x86_64-unknown-linux-gnu/debug")).unwrap(),
-            Path::new("/w/target")
-        );
     }
 }

@@ -8,8 +8,9 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::cmd;
 
-/// A loop device (`/dev/loopN`) attached to a sparse backing file in a test directory.
-/// Drop detaches exactly this device (`losetup -d /dev/loopN`), then deletes the file.
+/// A loop device (`/dev/loopN`) attached to a sparse backing file in a test directory (or to
+/// a file the test owns, `attach`). Drop detaches exactly this device (`losetup -d
+/// /dev/loopN`), then deletes the file if it created it.
 /// Drop any `Ext4Mount` on it first (declare the mount after the device).
 #[derive(Debug)]
 pub struct LoopDevice {
@@ -18,8 +19,9 @@ pub struct LoopDevice {
     major_minor: (u32, u32),
     size_bytes: u64,
     attached: bool,
-    // Dropped after `Drop::drop` has detached the device.
-    backing: tempfile::TempPath,
+    file: PathBuf,
+    // Dropped after `Drop::drop` has detached the device; `None` for `attach`.
+    backing: Option<tempfile::TempPath>,
 }
 
 impl LoopDevice {
@@ -41,13 +43,23 @@ impl LoopDevice {
             .set_len(size_bytes)
             .with_context(|| format!("sizing {}", file.path().display()))?;
         let backing = file.into_temp_path();
+        let mut dev = Self::attach(&backing, direct_io)?;
+        dev.backing = Some(backing);
+        Ok(dev)
+    }
 
+    /// `losetup --find --show [--direct-io=on]` on an existing `file` the caller keeps (e.g.
+    /// a FUSE file); the same direct IO check as `create`.
+    pub fn attach(file: &Path, direct_io: bool) -> Result<Self> {
+        let size_bytes = std::fs::metadata(file)
+            .with_context(|| format!("stat {}", file.display()))?
+            .len();
         let mut losetup = Command::new("losetup");
         losetup.arg("--find").arg("--show");
         if direct_io {
             losetup.arg("--direct-io=on");
         }
-        losetup.arg(&*backing);
+        losetup.arg(file);
         let out = cmd::run(&mut losetup)?;
         let path = PathBuf::from(out.trim());
         let name = path
@@ -62,7 +74,8 @@ impl LoopDevice {
             major_minor: (0, 0),
             size_bytes,
             attached: true,
-            backing,
+            file: file.to_owned(),
+            backing: None,
         };
 
         dev.major_minor = parse_major_minor(&read_sys(&dev.sys_path("dev"))?)?;
@@ -104,7 +117,7 @@ impl LoopDevice {
     }
 
     pub fn backing_file(&self) -> &Path {
-        &self.backing
+        &self.file
     }
 
     /// Waits (up to `timeout`) until the device has no IO in flight and its read/write

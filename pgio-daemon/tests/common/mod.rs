@@ -53,3 +53,60 @@ pub fn snapshot(daemon: &Daemon, device: &str) -> (Metrics, DiskStats) {
     }
     panic!("{device} never went quiet for the length of a scrape");
 }
+
+/// PostgreSQL 15 on ext4 on a Longhorn stand-in volume (2 replicas and a sync-agent): pgbench
+/// tables of scale 10 with 16MB of shared_buffers, checkpointed, the server stopped and the
+/// filesystem remounted, so the next start reads from a cold cache. Fields drop in
+/// declaration order: server, ext4, temp dir, volume.
+pub struct PgOnLonghorn {
+    pub pg: pgio_testkit::PgCluster,
+    pub fs: pgio_testkit::Ext4Mount,
+    pub dir: pgio_testkit::TempDir,
+    pub vol: pgio_testkit::LonghornVolume,
+}
+
+pub fn pg_on_longhorn(
+    replica_latency: Option<Duration>,
+    port: u16,
+    settings: &[(&str, &str)],
+) -> PgOnLonghorn {
+    use pgio_testkit::{Ext4Mount, LonghornOptions, LonghornVolume, PgCluster, PgOptions};
+    let bin = pgio_testkit::pg_bin_dir(15).expect("PostgreSQL 15");
+    let vol = LonghornVolume::start(LonghornOptions {
+        size_bytes: 640 << 20,
+        replicas: 2,
+        replica_latency,
+        sync_agent: true,
+        ..LonghornOptions::default()
+    })
+    .expect("Longhorn stand-in");
+    let dir = pgio_testkit::temp_dir().expect("temp dir");
+    let mut fs = Ext4Mount::on_device(vol.device(), &dir.path().join("mnt")).expect("ext4");
+    let mut opts = PgOptions::new(&bin, fs.path().join("pgdata"), port)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off");
+    for (k, v) in settings {
+        opts = opts.setting(k, v);
+    }
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    pg.pgbench_ok(&["-i", "-q", "-s", "10", "postgres"])
+        .expect("pgbench -i");
+    pg.psql("checkpoint").expect("checkpoint");
+    pg.stop().expect("stop");
+    fs.remount().expect("remount: cold cache");
+    PgOnLonghorn { pg, fs, dir, vol }
+}
+
+/// pgio with `longhorn_device_dir` pointing at the stand-in's `/dev/longhorn`, `extra` config
+/// lines, and the FUSE frontend tracked: it stands in for tgtd, so it is ours, not
+/// Longhorn's, and needs a user rule.
+pub fn longhorn_daemon(vol: &pgio_testkit::LonghornVolume, extra: &str) -> pgio_testkit::Daemon {
+    let config = format!(
+        "{extra}longhorn_device_dir = \"{}\"\n{}",
+        vol.dev_dir().display(),
+        rules_config(&[("longhorn", "frontend", "^longhorn-fuse$")])
+    );
+    pgio_testkit::Daemon::start(Path::new(env!("CARGO_BIN_EXE_pgio-daemon")), &config)
+        .expect("daemon")
+}
