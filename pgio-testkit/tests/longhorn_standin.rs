@@ -396,9 +396,11 @@ fn concurrent_direct_reads_stay_concurrent_end_to_end() -> Result<()> {
         one_median >= Duration::from_millis(2),
         "1 reader: {one_median:?}"
     );
+    // Relative to one reader, not absolute: a busy host stretches both (CI once saw 3.95 ms
+    // for one reader and 4.83 ms for eight). Serialized, eight would take ~8× one.
     assert!(
-        eight_median < Duration::from_millis(4),
-        "8 readers: median {eight_median:?}, serialized somewhere (8 × 2 ms would be ~16 ms)"
+        eight_median < 2 * one_median,
+        "8 readers: median {eight_median:?} vs {one_median:?} for one: serialized somewhere"
     );
     assert!(
         eight_iops >= 3.0 * one_iops,
