@@ -50,6 +50,9 @@ const RECLASSIFY_AFTER: [Duration; 14] = [
 ];
 
 const PF_KTHREAD: u32 = 0x0020_0000;
+/// Set on the leader before the kernel reports its exit, and readable in /proc until the parent
+/// reaps it (or, for a process with live threads, until they exit).
+const PF_EXITING: u32 = 0x0000_0004;
 
 /// What the collector needs from discovery: series labels and who is tracked now.
 #[derive(Default, Debug)]
@@ -78,6 +81,11 @@ pub fn lock(t: &SharedTracked) -> MutexGuard<'_, Tracked> {
 pub fn read_process(pid: u32) -> Option<ProcessInfo> {
     let p = procfs::process::Process::new(pid as i32).ok()?;
     let stat = p.stat().ok()?;
+    if stat.flags & PF_EXITING != 0 {
+        // Its exit event may already have been handled: classifying it now would track a
+        // process that no event will untrack (until the next rescan).
+        return None;
+    }
     let ppid = stat.ppid;
     let argv = p.cmdline().ok().unwrap_or_default();
     let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
@@ -507,4 +515,31 @@ fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An exited, not yet reaped child is still in /proc with its comm: it must read as gone,
+    /// or a rescan that runs after its exit event would track it again.
+    #[test]
+    fn an_exited_process_reads_as_gone() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let zombie = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(2));
+            procfs::process::Process::new(pid as i32)
+                .and_then(|p| p.stat())
+                .is_ok_and(|s| s.state == 'Z')
+        });
+        assert!(zombie, "sleep 0 did not become a zombie within 1 s");
+        let seen = read_process(pid);
+        child.wait().expect("reap");
+        assert!(seen.is_none(), "read {seen:?} from a zombie");
+        assert!(read_process(std::process::id()).is_some());
+    }
 }
