@@ -81,11 +81,6 @@ pub fn lock(t: &SharedTracked) -> MutexGuard<'_, Tracked> {
 pub fn read_process(pid: u32) -> Option<ProcessInfo> {
     let p = procfs::process::Process::new(pid as i32).ok()?;
     let stat = p.stat().ok()?;
-    if stat.flags & PF_EXITING != 0 {
-        // Its exit event may already have been handled: classifying it now would track a
-        // process that no event will untrack (until the next rescan).
-        return None;
-    }
     let ppid = stat.ppid;
     let argv = p.cmdline().ok().unwrap_or_default();
     let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
@@ -98,6 +93,9 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
         cwd: None,
         parent_comm: None,
         kthread: stat.flags & PF_KTHREAD != 0,
+        // The exit event comes after PF_EXITING is set and before the address space (the
+        // title) is gone: a read in between must not track a process no event will untrack.
+        exiting: stat.flags & PF_EXITING != 0,
     };
     if crate::classifier::postgres::is_postgres(&info) {
         // Only once it is the data directory: a postmaster changes into it after exec.
@@ -128,8 +126,10 @@ pub fn classify_all(classifier: &Classifier) -> Result<Vec<(u32, Option<Labels>)
 /// Reads all processes first and lets the classifier learn from all of them (a postmaster's
 /// cluster name is only in its children's titles), then classifies each.
 pub fn classify_pids(classifier: &Classifier, pids: &[u32]) -> Vec<(u32, Option<Labels>)> {
-    let infos: Vec<(u32, Option<ProcessInfo>)> =
-        pids.iter().map(|&pid| (pid, read_process(pid))).collect();
+    let infos: Vec<(u32, Option<ProcessInfo>)> = pids
+        .iter()
+        .map(|&pid| (pid, read_process(pid).filter(|i| !i.exiting)))
+        .collect();
     for info in infos.iter().filter_map(|(_, i)| i.as_ref()) {
         classifier.learn(info);
     }
@@ -215,6 +215,16 @@ impl Discovery {
 
     fn apply(&mut self, pid: u32, info: Option<ProcessInfo>) -> bool {
         match info {
+            Some(info) if info.exiting => {
+                let labels = self.classifier.classify(&info);
+                self.untrack(pid);
+                if let Some(labels) = labels {
+                    let mut shared = lock(&self.shared);
+                    let id = shared.registry.intern(labels);
+                    shared.provisional.classified_late(pid, id);
+                }
+                true
+            }
             Some(info) => {
                 if let Some(dir) = self.classifier.learn(&info) {
                     self.relabel_cluster(&dir);
@@ -521,8 +531,8 @@ fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
 mod tests {
     use super::*;
 
-    /// An exited, not yet reaped child is still in /proc with its comm: it must read as gone,
-    /// or a rescan that runs after its exit event would track it again.
+    /// An exited, not yet reaped child is still in /proc with its comm: it must read as
+    /// exiting, or a rescan that runs after its exit event would track it again.
     #[test]
     fn an_exited_process_reads_as_gone() {
         let mut child = std::process::Command::new("sleep")
@@ -539,7 +549,10 @@ mod tests {
         assert!(zombie, "sleep 0 did not become a zombie within 1 s");
         let seen = read_process(pid);
         child.wait().expect("reap");
-        assert!(seen.is_none(), "read {seen:?} from a zombie");
-        assert!(read_process(std::process::id()).is_some());
+        assert!(
+            seen.is_some_and(|i| i.exiting),
+            "a zombie must read as exiting"
+        );
+        assert!(read_process(std::process::id()).is_some_and(|i| !i.exiting));
     }
 }

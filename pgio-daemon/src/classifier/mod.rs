@@ -29,6 +29,9 @@ pub struct ProcessInfo {
     pub exe: Option<String>,
     /// PF_KTHREAD set in `/proc/<pid>/stat`.
     pub kthread: bool,
+    /// PF_EXITING set: its exit may already have been reported, so it must not be tracked
+    /// again; its title can still tell where its held-back events belong.
+    pub exiting: bool,
 }
 
 pub struct Classifier {
