@@ -62,6 +62,9 @@ pub struct Tracked {
     /// cluster's `starting` series).
     pub pids: HashMap<u32, u32>,
     pub provisional: Provisional,
+    /// Tracked processes a rescan found gone with no exit event handled: lost events, or a
+    /// process tracked again after its exit. Stays 0 when discovery is right.
+    pub exits_missed: u64,
 }
 
 impl Tracked {
@@ -173,8 +176,10 @@ impl Discovery {
         }
     }
 
-    /// Classifies every process in /proc and forgets tracked ones that are gone.
-    pub fn scan_all(&mut self) -> Result<()> {
+    /// Classifies every process in /proc. Returns the tracked processes it did not find:
+    /// their exit events, if any, are already in the ring (a process leaves /proc only after
+    /// it has exited); see `forget_missed`.
+    pub fn scan_all(&mut self) -> Result<Vec<u32>> {
         let classified = classify_all(&self.classifier)?;
         let mut seen = Vec::with_capacity(classified.len());
         for (pid, labels) in classified {
@@ -188,19 +193,28 @@ impl Discovery {
             }
         }
         seen.sort_unstable();
-        let gone: Vec<u32> = lock(&self.shared)
+        let gone = lock(&self.shared)
             .pids
             .keys()
             .copied()
             .filter(|pid| seen.binary_search(pid).is_err())
             .collect();
-        for pid in gone {
-            self.untrack(pid);
-        }
         lock(&self.shared)
             .provisional
             .expire(std::time::Instant::now());
-        Ok(())
+        Ok(gone)
+    }
+
+    /// Call after handling the ring's events: processes a scan did not find and that are
+    /// still tracked ended without an exit event.
+    pub fn forget_missed(&mut self, gone: Vec<u32>) {
+        for pid in gone {
+            let tracked = lock(&self.shared).pids.contains_key(&pid);
+            if tracked {
+                lock(&self.shared).exits_missed += 1;
+                self.untrack(pid);
+            }
+        }
     }
 
     /// Returns whether the process's labels are final (nothing left to learn from a later
@@ -457,6 +471,15 @@ impl Discovery {
         }
     }
 
+    fn dispatch(&mut self, events: Vec<Event>) {
+        for ev in events {
+            match ev {
+                Event::Lifecycle(ev) => self.handle(ev),
+                Event::Titled { pid, title } => self.titled(pid, title),
+            }
+        }
+    }
+
     /// Follows lifecycle events until the task is dropped.
     pub async fn run(mut self, ring: RingBuf<MapData>, rescan_every: Duration) -> Result<()> {
         // SAFETY: the RingBuf owns its map fd for as long as the AsyncFd owns the RingBuf.
@@ -476,16 +499,16 @@ impl Discovery {
                     let mut guard = guard.context("lifecycle ring buffer")?;
                     let events = drain(guard.get_inner_mut());
                     guard.clear_ready();
-                    for ev in events {
-                        match ev {
-                            Event::Lifecycle(ev) => self.handle(ev),
-                            Event::Titled { pid, title } => self.titled(pid, title),
-                        }
-                    }
+                    self.dispatch(events);
                 }
                 _ = rescan.tick() => {
-                    if let Err(e) = self.scan_all() {
-                        warn!(error = format!("{e:#}"), "rescan failed");
+                    match self.scan_all() {
+                        Ok(gone) => {
+                            let events = drain(ring.get_mut());
+                            self.dispatch(events);
+                            self.forget_missed(gone);
+                        }
+                        Err(e) => warn!(error = format!("{e:#}"), "rescan failed"),
                     }
                 }
                 _ = sleep_until(next) => self.run_due(),

@@ -390,6 +390,13 @@ pub fn encode_snapshot(
         MetricType::Counter,
     )?
     .encode_counter::<NoLabelSet, u64, u64>(&dropped(Drop::CompleteUnmatched), None)?;
+    enc.encode_descriptor(
+        "pgio_exits_missed",
+        "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",
+        None,
+        MetricType::Counter,
+    )?
+    .encode_counter::<NoLabelSet, u64, u64>(&tracked.exits_missed, None)?;
     let stats: Vec<(&str, (u64, u64, u64))> = snap
         .programs
         .iter()

@@ -228,7 +228,8 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         child_series_map,
         Some(probes::TitleProbe::new(ebpf.clone())),
     );
-    discovery.scan_all()?;
+    // Nothing was tracked before: no process can be missing.
+    let _gone = discovery.scan_all()?;
     info!(
         tracked = discovery::lock(&shared).pids.len(),
         "initial /proc scan done"

@@ -38,7 +38,9 @@ fn new_backends_leave_the_provisional_series_quickly() {
     // Only this cluster's series: others may run on the machine.
     let data_dir = std::fs::canonicalize(pg.data_dir()).expect("data directory");
     let cluster = data_dir.to_str().expect("UTF-8 path");
-    let daemon = Daemon::start(&[]).expect("daemon");
+    // A rescan every second (default 10): each one may find a backend between its exit
+    // event and its end, and must not track it again (`pgio_exits_missed` counts those).
+    let daemon = Daemon::with_config("rescan_interval_secs = 1\n").expect("daemon");
     daemon.wait_tracked("postgres", "postmaster");
     // Two busy loops keep both vCPUs saturated, so pgio's userspace is slow to look at new
     // backends (many exit within a few ms): the title uretprobe must carry classification.
@@ -138,6 +140,20 @@ fn new_backends_leave_the_provisional_series_quickly() {
         gone,
         "processes still tracked as starting after pgbench ended"
     );
+    // Two more rescans: any backend tracked again after its exit is found gone by now.
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let settled = daemon.scrape();
+    let missed = delta(&before, &settled, "pgio_exits_missed_total", &[]);
+    let phantoms = settled.sum(
+        "pgio_tracked_processes",
+        &[("role", "client backend"), ("cluster", cluster)],
+    );
+    eprintln!(
+        "pg_churn: exits missed {missed}, client backends still tracked {}",
+        phantoms + 0.0
+    );
+    assert_eq!(missed, 0.0, "backends tracked again after their exit");
+    assert_eq!(phantoms, 0.0, "client backends tracked after pgbench ended");
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
 }

@@ -13,8 +13,13 @@ pub type Rule<'a> = (&'a str, &'a str, &'a str);
 
 impl Daemon {
     pub fn start(rules: &[Rule]) -> anyhow::Result<Daemon> {
+        Daemon::with_config(&rules_config(rules))
+    }
+
+    /// The daemon with this TOML config.
+    pub fn with_config(toml: &str) -> anyhow::Result<Daemon> {
         let bin = Path::new(env!("CARGO_BIN_EXE_pgio-daemon"));
-        pgio_testkit::Daemon::start(bin, &rules_config(rules)).map(Daemon)
+        pgio_testkit::Daemon::start(bin, toml).map(Daemon)
     }
 
     pub fn url(&self) -> &str {
