@@ -44,6 +44,29 @@ pub fn delta(before: &Metrics, after: &Metrics, name: &str, labels: &[(&str, &st
     after.sum(name, labels) - before.sum(name, labels)
 }
 
+/// Nonzero deltas of a counter between two scrapes, grouped by the values of `by` (joined
+/// with `/`): where a window's events went, for failure messages.
+pub fn delta_by(
+    before: &Metrics,
+    after: &Metrics,
+    name: &str,
+    labels: &[(&str, &str)],
+    by: &[&str],
+) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (m, sign) in [(after, 1.0), (before, -1.0)] {
+        for s in m.matching(name, labels) {
+            let key: Vec<&str> = by
+                .iter()
+                .map(|k| s.labels.get(*k).map_or("", String::as_str))
+                .collect();
+            *out.entry(key.join("/")).or_default() += sign * s.value;
+        }
+    }
+    out.retain(|_, v: &mut f64| *v != 0.0);
+    out
+}
+
 /// A scrape and the device's /proc/diskstats taken with no request completing in between
 /// (diskstats read before and after the scrape agree), so both sides count the same window.
 pub fn snapshot(daemon: &Daemon, device: &str) -> (Metrics, DiskStats) {
