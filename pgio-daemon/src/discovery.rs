@@ -208,12 +208,15 @@ impl Discovery {
     /// Call after handling the ring's events: processes a scan did not find and that are
     /// still tracked ended without an exit event.
     pub fn forget_missed(&mut self, gone: Vec<u32>) {
-        for pid in gone {
-            let tracked = lock(&self.shared).pids.contains_key(&pid);
-            if tracked {
-                lock(&self.shared).exits_missed += 1;
-                self.untrack(pid);
-            }
+        let missed: Vec<u32> = {
+            let shared = lock(&self.shared);
+            gone.into_iter()
+                .filter(|pid| shared.pids.contains_key(pid))
+                .collect()
+        };
+        lock(&self.shared).exits_missed += missed.len() as u64;
+        for pid in missed {
+            self.untrack(pid);
         }
     }
 
@@ -557,7 +560,7 @@ mod tests {
     /// An exited, not yet reaped child is still in /proc with its comm: it must read as
     /// exiting, or a rescan that runs after its exit event would track it again.
     #[test]
-    fn an_exited_process_reads_as_gone() {
+    fn an_exited_process_reads_as_exiting() {
         let mut child = std::process::Command::new("sleep")
             .arg("0")
             .spawn()
