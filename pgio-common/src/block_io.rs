@@ -91,6 +91,8 @@ pub struct BlockIoInflight {
     /// Submitter's series (captured at `block_io_start` in the submitter's context).
     pub series: u32,
     pub _pad: u32,
+    /// `block_io_start` time, 0 when the request was first seen later (kernel without it).
+    pub start_ns: u64,
     /// `block_rq_insert` time, 0 when the request skipped the scheduler queue.
     pub insert_ns: u64,
     /// `block_rq_issue` time, 0 before issue.

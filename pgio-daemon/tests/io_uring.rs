@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use common::{Daemon, delta, snapshot};
+use common::{Daemon, delta, losses, snapshot};
 use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, temp_dir};
 
 const READS: u64 = 5_000;
@@ -37,7 +37,7 @@ fn io_uring_reads_by_iou_wrk_threads_are_attributed_to_the_submitter() {
     let dir = temp_dir().expect("temp dir");
     let lo = LoopDevice::create(dir.path(), 256 << 20, true).expect("loop device");
     let dev = lo.path().to_str().expect("utf-8 path").to_owned();
-    let trace = BlockIoStartTrace::start(lo.kernel_dev_t()).expect("tracefs instance");
+    let trace = BlockTrace::start(lo.kernel_dev_t()).expect("tracefs instance");
     let config = ["async", "inline"]
         .iter()
         .map(|mode| {
@@ -117,13 +117,7 @@ struct Phase {
 
 /// One window: the generator reads READS blocks through io_uring (`mode` = async|inline),
 /// and the device's, tracefs's, the generator's and pgio's counts must agree exactly.
-fn run_phase(
-    daemon: &Daemon,
-    lo: &LoopDevice,
-    dev: &str,
-    trace: &BlockIoStartTrace,
-    mode: &str,
-) -> Phase {
+fn run_phase(daemon: &Daemon, lo: &LoopDevice, dev: &str, trace: &BlockTrace, mode: &str) -> Phase {
     let role = role(mode);
     let mut load = LoadProcess::spawn(
         &pgio_load_bin().expect("pgio-load"),
@@ -218,14 +212,18 @@ fn run_phase(
     );
     eprintln!(
         "{mode}: diskstats {disk_reads} reads ({disk_merged} merged); block_io_start (tracefs) \
-         {} reads by {:?}, per thread {:?}; pgio {pgio_reads} reads on {}, {attributed} on the \
+         {} reads by {:?}, per thread {:?}; block_rq_complete (tracefs) {} reads, contexts \
+         {:?}; pgio {pgio_reads} reads on {}, {attributed} on the \
          load's series ({attributed_bytes} bytes, device histogram count {device_hist_count}), \
          io_uring_enter {pgio_enters}",
         submitters.reads,
         submitters.by_comm,
         submitters.tids,
+        submitters.completions,
+        submitters.completion_contexts,
         lo.name()
     );
+    eprintln!("{mode}: pgio in the window: {}", losses(&before, &after));
     eprintln!(
         "{mode}: pgio_syscall_seconds{{syscall=\"io_uring_enter\"}} in the window: count {}, \
          mean {:.1} µs, p50 {} µs, p99 {} µs",
@@ -259,6 +257,10 @@ fn run_phase(
     assert_eq!(
         submitters.reads, READS,
         "tracefs block_io_start reads on the device (lost events?)"
+    );
+    assert_eq!(
+        submitters.completions, READS,
+        "tracefs block_rq_complete reads on the device"
     );
     // (a) Every block request of the window, whoever issued it, is on the load's series.
     // Exact: the device had no other reader (diskstats = READS) and tp_btf loses no events.
@@ -307,7 +309,7 @@ fn fmt_us(s: Option<f64>) -> String {
     }
 }
 
-/// Who issued the read requests recorded by a `BlockIoStartTrace`.
+/// Who issued the read requests recorded by a `BlockTrace`.
 #[derive(Debug, Default)]
 struct Submitters {
     reads: u64,
@@ -315,30 +317,40 @@ struct Submitters {
     by_comm: BTreeMap<String, u64>,
     /// Thread id → read requests it issued.
     tids: BTreeMap<u32, u64>,
+    /// `block_rq_complete` of reads: pgio's completion hook sees exactly these.
+    completions: u64,
+    /// Their context flags as ftrace prints them (`..s..` = softirq, `d.h..` = hardirq).
+    completion_contexts: BTreeMap<String, u64>,
 }
 
-/// A private tracefs instance recording `block:block_io_start` for one device (the event
-/// runs in the submitter's context, so its pid and comm are the issuing thread's).
-/// Drop disables the event and removes the instance.
-struct BlockIoStartTrace {
+/// A private tracefs instance recording `block:block_io_start` and `block:block_rq_complete`
+/// for one device: the kernel's own witness of the requests pgio's hooks see.
+/// `block_io_start` runs in the submitter's context, so its pid and comm are the issuing
+/// thread's. Drop disables the events and removes the instance.
+struct BlockTrace {
     dir: PathBuf,
 }
 
-impl BlockIoStartTrace {
+impl BlockTrace {
     fn start(kernel_dev_t: u32) -> Result<Self> {
         let root = pgio_daemon::tracefs::root().context("tracefs is not mounted")?;
         let dir = root
             .join("instances")
             .join(format!("pgio-io-uring-test-{}", std::process::id()));
         std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let t = BlockIoStartTrace { dir };
-        // ~5,000 events of ~100 bytes fit many times over.
+        let t = BlockTrace { dir };
+        // ~10,000 events of ~100 bytes fit many times over.
         t.write("buffer_size_kb", "8192")?;
         t.write(
             "events/block/block_io_start/filter",
             &format!("dev == {kernel_dev_t}"),
         )?;
+        t.write(
+            "events/block/block_rq_complete/filter",
+            &format!("dev == {kernel_dev_t}"),
+        )?;
         t.write("events/block/block_io_start/enable", "1")?;
+        t.write("events/block/block_rq_complete/enable", "1")?;
         Ok(t)
     }
 
@@ -362,6 +374,19 @@ impl BlockIoStartTrace {
             .lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         {
+            if let Some((head, event)) = line.split_once("block_rq_complete: ") {
+                let rwbs = event.split_whitespace().nth(1).unwrap_or_default();
+                if rwbs.contains('R') {
+                    // `comm-tid [cpu] flags timestamp:`: the flags say irq/softirq/task.
+                    let flags = head
+                        .split_once("] ")
+                        .and_then(|(_, f)| f.split_whitespace().next())
+                        .unwrap_or("?");
+                    s.completions += 1;
+                    *s.completion_contexts.entry(flags.to_owned()).or_default() += 1;
+                }
+                continue;
+            }
             let parsed = (|| {
                 let (task, rest) = line.trim_start().split_once(" [")?;
                 let tid: u32 = task.trim_end().rsplit_once('-')?.1.parse().ok()?;
@@ -392,9 +417,10 @@ impl BlockIoStartTrace {
     }
 }
 
-impl Drop for BlockIoStartTrace {
+impl Drop for BlockTrace {
     fn drop(&mut self) {
         let _ = self.write("events/block/block_io_start/enable", "0");
+        let _ = self.write("events/block/block_rq_complete/enable", "0");
         if let Err(e) = std::fs::remove_dir(&self.dir) {
             eprintln!("failed to remove {}: {e}", self.dir.display());
         }

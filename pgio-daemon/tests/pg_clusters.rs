@@ -14,7 +14,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Daemon, delta, delta_by, snapshot};
+use common::{Daemon, delta, delta_by, losses, snapshot};
 use pgio_testkit::{
     Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, TempDir, pg_bin_dir,
     processes_with_parent, require_root, temp_dir, wait_until,
@@ -202,7 +202,7 @@ fn scan_in(daemon: &Daemon, c: &Cluster, other: &Cluster) {
     assert!(
         mine >= 0.95 * device_reads,
         "{}: {mine} of {device_reads} device reads on its client backend; pgio's reads on the \
-         device by app/role/cluster: {:#?}; unmatched completions {}, recursion misses {:#?}",
+         device by app/role/cluster: {:#?}; {}",
         c.label,
         delta_by(
             &before,
@@ -211,19 +211,7 @@ fn scan_in(daemon: &Daemon, c: &Cluster, other: &Cluster) {
             &[("device", c.lo.name()), ("op", "read")],
             &["app", "role", "cluster"],
         ),
-        delta(
-            &before,
-            &after,
-            "pgio_block_io_unmatched_completions_total",
-            &[]
-        ),
-        delta_by(
-            &before,
-            &after,
-            "pgio_bpf_recursion_misses_total",
-            &[],
-            &["program"]
-        ),
+        losses(&before, &after),
     );
     assert_eq!(
         theirs, 0.0,

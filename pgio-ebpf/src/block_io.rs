@@ -52,9 +52,10 @@ fn current_series() -> u32 {
 }
 
 #[inline(always)]
-fn start(rq: u64, series: u32) -> Option<*mut BlockIoInflight> {
+fn start(rq: u64, series: u32, start_ns: u64) -> Option<*mut BlockIoInflight> {
     let v = BlockIoInflight {
         series,
+        start_ns,
         ..Default::default()
     };
     if BLOCK_IO_INFLIGHT.insert(&rq, &v, 0).is_err() {
@@ -69,7 +70,7 @@ fn start(rq: u64, series: u32) -> Option<*mut BlockIoInflight> {
 pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let series = current_series();
-    let _ = start(rq, series);
+    let _ = start(rq, series, unsafe { bpf_ktime_get_ns() });
     if series != SERIES_UNTRACKED {
         syscall::mark_block_io();
     }
@@ -83,7 +84,7 @@ pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let e = match BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
         Some(e) => e,
-        None => match start(rq, current_series()) {
+        None => match start(rq, current_series(), 0) {
             Some(e) => e,
             None => return 0,
         },
@@ -98,7 +99,7 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let e = match BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
         Some(e) => e,
-        None => match start(rq, current_series()) {
+        None => match start(rq, current_series(), 0) {
             Some(e) => e,
             None => return 0,
         },
@@ -142,13 +143,23 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         drops::count(Drop::CompleteUnmatched);
         return 0;
     };
-    let e = unsafe { *e };
+    let mut e = unsafe { *e };
     let _ = BLOCK_IO_INFLIGHT.remove(&rq);
     if e.issue_ns == 0 {
-        drops::count(Drop::CompleteUnmatched);
-        return 0;
+        // Never issued itself: an empty flush (the flush sequence issues its own flush
+        // request, which is counted; the kernel does not account the original either).
+        if e.start_ns == 0 || nr_bytes == 0 {
+            drops::count(Drop::CompleteUnmatched);
+            return 0;
+        }
+        // Started, carried data, but its issue went unseen: still one request of this
+        // submitter.
+        drops::count(Drop::IssueMissed);
+        e.issue_ns = e.start_ns;
+        e.insert_ns = 0;
     }
     let Some((dev, op)) = device_and_op(rq) else {
+        drops::count(Drop::DeviceUnreadable);
         return 0;
     };
     let device_ns = now.wrapping_sub(e.issue_ns);

@@ -67,6 +67,28 @@ pub fn delta_by(
     out
 }
 
+/// pgio's own loss counters in a window, for failure messages: unmatched block completions,
+/// dropped events by reason, BPF recursion misses by program.
+pub fn losses(before: &Metrics, after: &Metrics) -> String {
+    format!(
+        "unmatched completions {}, dropped {:?}, recursion misses {:?}",
+        delta(
+            before,
+            after,
+            "pgio_block_io_unmatched_completions_total",
+            &[]
+        ),
+        delta_by(before, after, "pgio_events_dropped_total", &[], &["reason"]),
+        delta_by(
+            before,
+            after,
+            "pgio_bpf_recursion_misses_total",
+            &[],
+            &["program"]
+        ),
+    )
+}
+
 /// A scrape and the device's /proc/diskstats taken with no request completing in between
 /// (diskstats read before and after the scrape agree), so both sides count the same window.
 pub fn snapshot(daemon: &Daemon, device: &str) -> (Metrics, DiskStats) {
