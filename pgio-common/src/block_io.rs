@@ -9,6 +9,10 @@ pub enum BlockMetric {
     Device = 0,
     /// insert → issue (only requests that went through a scheduler queue).
     Queue = 1,
+    /// A completion pgio could not match to a request it saw start and issue (series 0,
+    /// slot 0, no time): counted per device and op so a gap against /proc/diskstats can be
+    /// told apart from the flush sequence's second completions on another device.
+    Unmatched = 2,
 }
 
 /// Request operation, from `request.cmd_flags & REQ_OP_MASK`.

@@ -39,22 +39,16 @@ pub enum Drop {
     /// The thread's task storage for the syscall start could not be had (out of memory, or
     /// another BPF program on this CPU held the task storage lock): a syscall was not timed.
     SyscallStartUnavailable = 3,
-    /// A completion with no in-flight entry, or of a request that was never issued itself.
-    /// Not a loss as a rule: a request that goes through a flush sequence
-    /// (REQ_PREFLUSH/REQ_FUA) fires `block_rq_complete` twice, once for its data and once at
-    /// the end of the sequence, and an empty flush is completed without being issued (its
-    /// flush request is); also requests issued before pgio started.
-    CompleteUnmatched = 4,
     /// A request completed whose `block_rq_issue` pgio did not see: it is still counted, on
     /// its submitter's series, with its device time measured from `block_io_start` (so it
     /// includes any queue time).
-    IssueMissed = 5,
+    IssueMissed = 4,
     /// A completion whose device (`rq->q->disk`) could not be read: the request was not
     /// counted.
-    DeviceUnreadable = 6,
+    DeviceUnreadable = 5,
 }
 
-pub const DROP_REASONS: usize = 7;
+pub const DROP_REASONS: usize = 6;
 
 impl Drop {
     pub const ALL: [Drop; DROP_REASONS] = [
@@ -62,7 +56,6 @@ impl Drop {
         Drop::LifecycleRingFull,
         Drop::InflightFull,
         Drop::SyscallStartUnavailable,
-        Drop::CompleteUnmatched,
         Drop::IssueMissed,
         Drop::DeviceUnreadable,
     ];
@@ -73,7 +66,6 @@ impl Drop {
             Drop::LifecycleRingFull => "lifecycle_ring_full",
             Drop::InflightFull => "inflight_map_full",
             Drop::SyscallStartUnavailable => "syscall_start_unavailable",
-            Drop::CompleteUnmatched => "complete_unmatched",
             Drop::IssueMissed => "block_rq_issue_missed",
             Drop::DeviceUnreadable => "block_device_unreadable",
         }

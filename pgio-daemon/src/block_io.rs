@@ -17,6 +17,8 @@ pub type BlockIoId = (u32, u32, u8);
 pub struct BlockIoSnapshot {
     pub device: BTreeMap<BlockIoId, Log2Hist>,
     pub queue: BTreeMap<BlockIoId, Log2Hist>,
+    /// Unmatched completions by (dev, op) (see `BlockMetric::Unmatched`).
+    pub unmatched: BTreeMap<(u32, u8), u64>,
 }
 
 impl BlockIoSnapshot {
@@ -28,6 +30,9 @@ impl BlockIoSnapshot {
             for (id, h) in theirs {
                 mine.entry(*id).or_default().merge(h);
             }
+        }
+        for (id, n) in &other.unmatched {
+            *self.unmatched.entry(*id).or_default() += n;
         }
     }
 }
@@ -54,6 +59,11 @@ impl BlockIoReader {
         let mut folded = Vec::new();
         for entry in hist.iter() {
             let (key, per_cpu) = entry?;
+            if key.metric == BlockMetric::Unmatched as u8 {
+                let n: u64 = per_cpu.iter().map(|b| b.count).sum();
+                *snap.unmatched.entry((key.dev, key.op)).or_default() += n;
+                continue;
+            }
             let (series, into) = match route(key.series) {
                 Route::Own => (key.series, &mut snap),
                 Route::Pending => continue,

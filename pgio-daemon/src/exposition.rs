@@ -173,7 +173,12 @@ impl PgioCollector {
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         let mut dev_names = BTreeMap::new();
         // Longhorn devices are listed in pgio_device_info before their first IO.
-        let seen = block.device.keys().chain(block.queue.keys()).map(|k| k.1);
+        let seen = block
+            .device
+            .keys()
+            .chain(block.queue.keys())
+            .map(|k| k.1)
+            .chain(block.unmatched.keys().map(|k| k.0));
         for dev in seen.chain(dev_volumes.keys().copied()) {
             dev_names.entry(dev).or_insert_with(|| devices.name(dev));
         }
@@ -380,16 +385,22 @@ pub fn encode_snapshot(
         "Kernel events pgio could not record, by reason.",
         Drop::ALL
             .iter()
-            .filter(|d| **d != Drop::CompleteUnmatched)
             .map(|d| ([("reason", d.reason())], dropped(*d))),
     )?;
-    enc.encode_descriptor(
+    counters(
+        &mut enc,
         "pgio_block_io_unmatched_completions",
-        "block_rq_complete events with no in-flight request: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), or requests issued before pgio started. Not lost IO.",
-        None,
-        MetricType::Counter,
-    )?
-    .encode_counter::<NoLabelSet, u64, u64>(&dropped(Drop::CompleteUnmatched), None)?;
+        "block_rq_complete events pgio could not match to a request it saw start and issue, by device and op: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), empty flushes (their flush request is counted), or requests issued before pgio started. Not lost IO as a rule.",
+        snap.block.unmatched.iter().map(|((dev, op), n)| {
+            (
+                [
+                    ("device", snap.dev_names.get(dev).map_or("", String::as_str)),
+                    ("op", BlockOp::from_u8(*op).name()),
+                ],
+                *n,
+            )
+        }),
+    )?;
     enc.encode_descriptor(
         "pgio_exits_missed",
         "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use common::{Daemon, delta, losses, snapshot};
+use common::{Daemon, delta, delta_by, losses, reported_block_losses, snapshot};
 use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, temp_dir};
 
 const READS: u64 = 5_000;
@@ -262,15 +262,23 @@ fn run_phase(daemon: &Daemon, lo: &LoopDevice, dev: &str, trace: &BlockTrace, mo
         submitters.completions, READS,
         "tracefs block_rq_complete reads on the device"
     );
-    // (a) Every block request of the window, whoever issued it, is on the load's series.
-    // Exact: the device had no other reader (diskstats = READS) and tp_btf loses no events.
-    assert_eq!(
-        pgio_reads, disk_reads as f64,
-        "pgio read requests vs diskstats"
+    // (a) Every block request of the window is counted, or pgio reports it may have missed
+    // it: the device had no other reader (diskstats = READS). The kernel skips (and counts) a
+    // tp_btf program already running on that CPU, so the bound is "every gap accounted for
+    // and at most 0.1 %", not "equal". CI once saw 4,992 of 5,000 here with the gap not
+    // broken down; every local run has been exact.
+    let missing = disk_reads as f64 - pgio_reads;
+    let reported = reported_block_losses(&before, &after, lo.name(), "read");
+    assert!(
+        (0.0..=reported).contains(&missing) && missing <= 0.001 * READS as f64,
+        "pgio counted {pgio_reads} read requests of diskstats' {disk_reads}; it reports {reported} \
+         possibly missed ({})",
+        losses(&before, &after)
     );
+    // Whoever issued it, every counted request is on the load's series.
     assert_eq!(
-        attributed, disk_reads as f64,
-        "read requests on the load's series vs diskstats"
+        attributed, pgio_reads,
+        "read requests on the load's series vs all of the device's"
     );
     assert_eq!(
         attributed_bytes,
@@ -288,11 +296,20 @@ fn run_phase(daemon: &Daemon, lo: &LoopDevice, dev: &str, trace: &BlockTrace, mo
     for other in ["pread64", "preadv", "preadv2", "futex"] {
         assert_eq!(syscall(other), 0.0, "{other} on the io_uring series");
     }
-    assert_eq!(
-        delta(&before, &after, "pgio_events_dropped_total", &[]),
-        0.0,
-        "events dropped"
+    let mut dropped = delta_by(
+        &before,
+        &after,
+        "pgio_events_dropped_total",
+        &[],
+        &["reason"],
     );
+    // A request whose issue pgio missed is still counted (queue time then in its device time).
+    let issue_missed = dropped.remove("block_rq_issue_missed").unwrap_or(0.0);
+    assert!(
+        issue_missed <= 0.001 * READS as f64,
+        "{issue_missed} requests without a seen issue"
+    );
+    assert!(dropped.is_empty(), "events dropped: {dropped:?}");
     Phase {
         pid,
         iou_wrk_at_end,

@@ -133,6 +133,28 @@ fn device_and_op(rq: u64) -> Option<(u32, BlockOp)> {
     }
 }
 
+/// A completion with no in-flight entry, or of a request never issued itself, counted per
+/// device and op. Not a loss as a rule: a request that goes through a flush sequence
+/// (REQ_PREFLUSH/REQ_FUA) fires `block_rq_complete` twice, once for its data and once at the
+/// end of the sequence, and an empty flush completes without being issued (its flush request
+/// is); also requests issued before pgio started.
+#[inline(always)]
+fn unmatched(rq: u64, nr_bytes: u32) {
+    let Some((dev, op)) = device_and_op(rq) else {
+        drops::count(Drop::DeviceUnreadable);
+        return;
+    };
+    let key = BlockIoKey {
+        series: SERIES_UNTRACKED,
+        dev,
+        op: op as u8,
+        metric: BlockMetric::Unmatched as u8,
+        slot: 0,
+        _pad: 0,
+    };
+    hist::add(&BLOCK_IO_HIST, &key, 0, nr_bytes as u64);
+}
+
 /// `block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes)`.
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
@@ -140,7 +162,7 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u32 = ctx.arg(2);
     let Some(e) = BLOCK_IO_INFLIGHT.get_ptr(&rq) else {
-        drops::count(Drop::CompleteUnmatched);
+        unmatched(rq, nr_bytes);
         return 0;
     };
     let mut e = unsafe { *e };
@@ -149,7 +171,7 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         // Never issued itself: an empty flush (the flush sequence issues its own flush
         // request, which is counted; the kernel does not account the original either).
         if e.start_ns == 0 || nr_bytes == 0 {
-            drops::count(Drop::CompleteUnmatched);
+            unmatched(rq, nr_bytes);
             return 0;
         }
         // Started, carried data, but its issue went unseen: still one request of this
