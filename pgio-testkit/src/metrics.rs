@@ -1,8 +1,6 @@
 //! Scraping and querying a Prometheus / OpenMetrics text exposition.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -265,109 +263,45 @@ fn parse_value(s: &str) -> Result<f64> {
     })
 }
 
-/// Minimal HTTP/1.1 GET (`Connection: close`); handles Content-Length and chunked bodies.
-/// Fails unless the status is 200.
+/// HTTP GET of a plain `http://` URL (`Accept: text/plain`); returns the body.
+/// Fails unless the status is 200 (the error names the status and starts with the body),
+/// when the body is not UTF-8, or when the whole request (connect, send, read the body)
+/// takes longer than `timeout`. Redirects are not followed and proxies are not used.
 pub fn http_get(url: &str, timeout: Duration) -> Result<String> {
     http_get_accept(url, "text/plain", timeout)
 }
 
 /// `http_get` with this `Accept` header (e.g. OpenMetrics).
 pub fn http_get_accept(url: &str, accept: &str, timeout: Duration) -> Result<String> {
-    let rest = url
-        .strip_prefix("http://")
-        .with_context(|| format!("only http:// URLs are supported: {url}"))?;
-    let (hostport, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let addr = if hostport.contains(':') && !hostport.ends_with(']') {
-        hostport.to_owned()
-    } else {
-        format!("{hostport}:80")
-    };
-    let sock = addr
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {addr}"))?
-        .next()
-        .with_context(|| format!("no address for {addr}"))?;
-    let mut stream = TcpStream::connect_timeout(&sock, timeout)
-        .with_context(|| format!("connecting to {url}"))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
-    )
-    .with_context(|| format!("sending request to {url}"))?;
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .with_context(|| format!("reading response from {url}"))?;
-    parse_http_response(&raw).with_context(|| format!("GET {url}"))
-}
-
-fn parse_http_response(raw: &[u8]) -> Result<String> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("no end of headers")?;
-    let head = std::str::from_utf8(&raw[..split]).context("non-UTF-8 headers")?;
-    let body = &raw[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or("");
-    let code = status.split_whitespace().nth(1).unwrap_or("");
-    let mut chunked = false;
-    let mut content_length = None;
-    for h in lines {
-        if let Some((k, v)) = h.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-            if k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked") {
-                chunked = true;
-            } else if k == "content-length" {
-                content_length = Some(v.parse::<usize>().context("bad Content-Length")?);
-            }
-        }
-    }
-    let body = if chunked {
-        decode_chunked(body)?
-    } else if let Some(n) = content_length {
-        ensure!(
-            body.len() >= n,
-            "body truncated: {} of {n} bytes",
-            body.len()
-        );
-        body[..n].to_vec()
-    } else {
-        body.to_vec()
-    };
-    let body = String::from_utf8(body).context("non-UTF-8 body")?;
     ensure!(
-        code == "200",
-        "HTTP status {status:?}: {}",
-        body.chars().take(500).collect::<String>()
+        url.starts_with("http://"),
+        "only http:// URLs are supported: {url}"
     );
-    Ok(body)
-}
-
-fn decode_chunked(mut s: &[u8]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = s
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .context("truncated chunk header")?;
-        let header = std::str::from_utf8(&s[..eol]).context("bad chunk header")?;
-        let size_hex = header.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .with_context(|| format!("bad chunk size {size_hex:?}"))?;
-        s = &s[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        ensure!(s.len() >= size + 2, "truncated chunk");
-        out.extend_from_slice(&s[..size]);
-        s = &s[size + 2..];
-    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        // 4xx/5xx come back as responses so that their body can go into the error.
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .proxy(None)
+        .build()
+        .into();
+    let get = || -> Result<String> {
+        let mut resp = agent.get(url).header("Accept", accept).call()?;
+        let status = resp.status();
+        // Not `Body::read_to_string`: that one replaces invalid UTF-8 and stops at 10 MB.
+        let body = resp
+            .body_mut()
+            .with_config()
+            .read_to_string()
+            .context("reading the body")?;
+        ensure!(
+            status == 200,
+            "HTTP status {status}: {}",
+            body.chars().take(500).collect::<String>()
+        );
+        Ok(body)
+    };
+    get().with_context(|| format!("GET {url}"))
 }
 
 #[cfg(test)]
@@ -455,44 +389,119 @@ up 1
         assert!(Metrics::parse("foo").is_err());
     }
 
-    #[test]
-    fn decodes_http_bodies() {
-        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1\r\n1\r\n\n\r\n0\r\n\r\n";
-        assert_eq!(parse_http_response(raw).unwrap(), "up 1\n");
-        let raw = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nup 1";
-        assert_eq!(parse_http_response(raw).unwrap(), "up 1");
-        assert!(parse_http_response(b"HTTP/1.1 404 Not Found\r\n\r\nnope").is_err());
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::thread::JoinHandle;
+    use std::time::Instant;
+
+    /// Reads a request up to its blank line (it may arrive in several segments).
+    fn read_request(conn: &mut TcpStream) -> String {
+        let mut req = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "client closed before the end of its request");
+            req.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(req).unwrap()
+    }
+
+    /// A server on 127.0.0.1 answering one request with `response`, then closing;
+    /// joining it gives the request head.
+    fn serve_once(response: &'static [u8]) -> (String, JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let req = read_request(&mut conn);
+            conn.write_all(response).unwrap();
+            req
+        });
+        (format!("http://{addr}"), server)
     }
 
     #[test]
     fn scrapes_a_local_server() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (url, server) = serve_once(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 34\r\n\r\nx_total{a=\"1\"} 3\nx_total{a=\"2\"} 4\n",
+        );
+        let m = scrape(&format!("{url}/metrics")).unwrap();
+        let req = server.join().unwrap();
+        assert!(req.starts_with("GET /metrics HTTP/1.1\r\n"), "{req:?}");
+        assert!(
+            req.to_ascii_lowercase()
+                .contains("\r\naccept: text/plain\r\n"),
+            "{req:?}"
+        );
+        assert_eq!(m.sum("x_total", &[]), 7.0);
+    }
+
+    #[test]
+    fn reads_chunked_bodies_with_the_asked_accept() {
+        let (url, server) = serve_once(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nup 1\r\n1;ext=1\r\n\n\r\n6\r\n# EOF\n\r\n0\r\n\r\n",
+        );
+        let om = "application/openmetrics-text; version=1.0.0";
+        let body = http_get_accept(&format!("{url}/metrics"), om, Duration::from_secs(5)).unwrap();
+        let req = server.join().unwrap();
+        assert_eq!(body, "up 1\n# EOF\n");
+        assert!(
+            req.to_ascii_lowercase()
+                .contains(&format!("\r\naccept: {om}\r\n")),
+            "{req:?}"
+        );
+    }
+
+    #[test]
+    fn fails_on_other_statuses_with_the_body() {
+        let (url, server) = serve_once(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n\r\n{\"status\":\"error\",\"error\":\"bad query\"}",
+        );
+        let e = http_get(&format!("{url}/api/v1/query"), Duration::from_secs(5)).unwrap_err();
+        server.join().unwrap();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("400"), "{msg}");
+        assert!(msg.contains("bad query"), "{msg}");
+        // Redirects are reported, not followed.
+        let (url, server) =
+            serve_once(b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n");
+        let e = http_get(&url, Duration::from_secs(5)).unwrap_err();
+        server.join().unwrap();
+        assert!(format!("{e:#}").contains("302"), "{e:#}");
+    }
+
+    #[test]
+    fn fails_on_non_utf8_bodies() {
+        let (url, server) = serve_once(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: 4\r\n\r\nup \xff");
+        let e = http_get(&url, Duration::from_secs(5)).unwrap_err();
+        server.join().unwrap();
+        assert!(format!("{e:#}").contains("UTF-8"), "{e:#}");
+    }
+
+    #[test]
+    fn the_timeout_covers_the_whole_request() {
+        // Headers at once, then a byte every 50 ms: no single read waits long, but the
+        // request as a whole does not finish.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            // The request may arrive in several segments: read up to the blank line.
-            let mut req = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = conn.read(&mut buf).unwrap();
-                assert!(n > 0, "client closed before the end of its request");
-                req.extend_from_slice(&buf[..n]);
+            read_request(&mut conn);
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+                .unwrap();
+            for _ in 0..200 {
+                if conn.write_all(b"x").is_err() {
+                    break; // the client gave up and closed
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(
-                std::str::from_utf8(&req)
-                    .unwrap()
-                    .starts_with("GET /metrics HTTP/1.1\r\n")
-            );
-            let body = "x_total{a=\"1\"} 3\nx_total{a=\"2\"} 4\n";
-            write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .unwrap();
         });
-        let m = scrape(&format!("http://{addr}/metrics")).unwrap();
+        let t = Instant::now();
+        let r = http_get(&format!("http://{addr}/"), Duration::from_millis(300));
+        let took = t.elapsed();
+        let msg = format!("{:#}", r.unwrap_err());
+        assert!(msg.contains("timeout"), "{msg}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
         server.join().unwrap();
-        assert_eq!(m.sum("x_total", &[]), 7.0);
     }
 }
