@@ -1,9 +1,11 @@
 //! Block layer: per request, queue time (insert → issue) and device time (issue → complete),
 //! keyed by submitter series, device and op.
 
+use crate::SeriesId;
+
 /// Which of the two block latencies a histogram entry holds.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum BlockMetric {
     /// issue → complete. Its count is the request counter, its `bytes` the byte counter.
     Device = 0,
@@ -15,9 +17,19 @@ pub enum BlockMetric {
     Unmatched = 2,
 }
 
+impl BlockMetric {
+    pub fn from_u8(v: u8) -> BlockMetric {
+        match v {
+            1 => BlockMetric::Queue,
+            2 => BlockMetric::Unmatched,
+            _ => BlockMetric::Device,
+        }
+    }
+}
+
 /// Request operation, from `request.cmd_flags & REQ_OP_MASK`.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum BlockOp {
     Read = 0,
     Write = 1,
@@ -79,7 +91,7 @@ impl BlockOp {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockIoKey {
-    pub series: u32,
+    pub series: SeriesId,
     /// Kernel `dev_t` of the disk: `major << 20 | minor`.
     pub dev: u32,
     pub op: u8,
@@ -93,7 +105,7 @@ pub struct BlockIoKey {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BlockIoInflight {
     /// Submitter's series (captured at `block_io_start` in the submitter's context).
-    pub series: u32,
+    pub series: SeriesId,
     pub _pad: u32,
     /// `block_io_start` time, 0 when the request was first seen later (kernel without it).
     pub start_ns: u64,
@@ -101,32 +113,6 @@ pub struct BlockIoInflight {
     pub insert_ns: u64,
     /// `block_rq_issue` time, 0 before issue.
     pub issue_ns: u64,
-}
-
-/// Byte offsets inside kernel structs, read from `/sys/kernel/btf/vmlinux` by userspace and
-/// written into the program's globals (Rust eBPF has no CO-RE field relocations yet).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelOffsets {
-    /// `struct request.cmd_flags`
-    pub request_cmd_flags: u32,
-    /// `struct request.q`
-    pub request_q: u32,
-    /// `struct request_queue.disk`
-    pub queue_disk: u32,
-    /// `struct gendisk.major`
-    pub gendisk_major: u32,
-    /// `struct gendisk.first_minor`
-    pub gendisk_first_minor: u32,
-    /// `struct task_struct.pid`
-    pub task_pid: u32,
-    /// `struct task_struct.tgid`
-    pub task_tgid: u32,
-    /// `struct task_struct.mm`
-    pub task_mm: u32,
-    /// `struct mm_struct.arg_start` (where a process' argv, so a Postgres title, starts)
-    pub mm_arg_start: u32,
-    pub _pad: u32,
 }
 
 /// `dev_t` as the kernel packs it internally (`MKDEV`).

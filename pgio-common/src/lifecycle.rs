@@ -1,6 +1,8 @@
 //! Process lifecycle events sent to userspace through a ring buffer, so new Postgres
 //! backends are classified within milliseconds of their fork.
 
+use crate::SeriesId;
+
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LifecycleKind {
@@ -45,7 +47,7 @@ pub struct LifecycleEvent {
     pub ppid: u32,
     /// Fork: the series the child starts in (the parent's, or `PROVISIONAL | pid`). Exit: the
     /// series it had. Exec: 0.
-    pub series: u32,
+    pub series: SeriesId,
 }
 
 impl LifecycleKind {

@@ -1,5 +1,7 @@
 //! Syscalls timed enter → exit per thread.
 
+use crate::SeriesId;
+
 /// Every syscall pgio times. The discriminant indexes [`Syscall::ALL`].
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,7 +65,7 @@ impl Syscall {
 
 /// Page-cache outcome of a read syscall.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Cache {
     /// Not a read syscall.
     None = 0,
@@ -93,7 +95,7 @@ impl Cache {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SyscallKey {
-    pub series: u32,
+    pub series: SeriesId,
     pub syscall: u8,
     pub cache: u8,
     pub slot: u8,
@@ -105,7 +107,7 @@ pub struct SyscallKey {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SyscallStart {
     pub start_ns: u64,
-    pub series: u32,
+    pub series: SeriesId,
     pub syscall: u8,
     /// Set by `block_io_start` when this thread submits a block request during the call.
     pub block_io: u8,

@@ -4,7 +4,12 @@ use std::path::Path;
 
 use caps::{CapSet, Capability};
 
-use crate::{kernel_offsets, probes, tracefs};
+use crate::{
+    btf::{self, KernelBtf},
+    kernel_offsets,
+    probes::{self, Attach},
+    tracefs,
+};
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Level {
@@ -27,36 +32,33 @@ fn finding(level: Level, what: impl Into<String>) -> Finding {
     }
 }
 
-/// Programs pgio still works without: `block_io_start` appeared in 6.5 (the submitter then
-/// comes from insert/issue), `futex_waitv` in 5.16.
-fn optional(program: &str) -> bool {
-    matches!(
-        program,
-        "block_io_start" | "sys_enter_futex_waitv" | "sys_exit_futex_waitv"
-    )
-}
-
 pub fn run_checks() -> Vec<Finding> {
     let mut out = Vec::new();
     out.extend(privileges());
-    let btf_ok = Path::new(kernel_offsets::VMLINUX_BTF).exists();
-    if btf_ok {
-        match kernel_offsets::from_vmlinux() {
-            Ok(o) => out.push(finding(
-                Level::Ok,
-                format!("BTF {}: struct offsets {o:?}", kernel_offsets::VMLINUX_BTF),
-            )),
-            Err(e) => out.push(finding(Level::Fail, format!("BTF: {e:#}"))),
+    let btf = if Path::new(btf::VMLINUX).exists() {
+        match KernelBtf::open().and_then(|b| Ok((kernel_offsets::from_btf(&b)?, b))) {
+            Ok((o, b)) => {
+                out.push(finding(
+                    Level::Ok,
+                    format!("BTF {}: struct offsets {o:?}", btf::VMLINUX),
+                ));
+                Some(b)
+            }
+            Err(e) => {
+                out.push(finding(Level::Fail, format!("BTF: {e:#}")));
+                None
+            }
         }
     } else {
         out.push(finding(
             Level::Fail,
             format!(
                 "BTF: {} missing (kernel built without CONFIG_DEBUG_INFO_BTF)",
-                kernel_offsets::VMLINUX_BTF
+                btf::VMLINUX
             ),
         ));
-    }
+        None
+    };
     let root = match tracefs::root() {
         Some(r) => {
             out.push(finding(
@@ -73,23 +75,24 @@ pub fn run_checks() -> Vec<Finding> {
             None
         }
     };
-    let vmlinux = std::fs::read(kernel_offsets::VMLINUX_BTF).unwrap_or_default();
-    for (program, attach) in probes::programs() {
-        let present = match attach {
-            probes::Attach::Btf => contains(&vmlinux, format!("btf_trace_{program}\0").as_bytes()),
-            probes::Attach::TracePoint(cat) => match &root {
-                Some(r) => tracefs::tracepoint_exists(r, cat, &program),
+    for probe in probes::table() {
+        let program = &*probe.program;
+        let (kind, present) = match probe.attach {
+            Attach::BtfTracePoint => (
+                format!("tp_btf/{program}"),
+                btf.as_ref().is_some_and(|b| b.has_btf_tracepoint(program)),
+            ),
+            Attach::TracePoint(cat) => match &root {
+                Some(r) => (
+                    format!("tracepoint/{cat}/{program}"),
+                    tracefs::tracepoint_exists(r, cat, program),
+                ),
                 None => continue,
             },
             // Attached per postgres binary at run time; a failure only costs speed.
-            probes::Attach::UProbeLater => continue,
+            Attach::URetProbeLater { .. } => continue,
         };
-        let kind = match attach {
-            probes::Attach::Btf => format!("tp_btf/{program}"),
-            probes::Attach::TracePoint(cat) => format!("tracepoint/{cat}/{program}"),
-            probes::Attach::UProbeLater => continue,
-        };
-        let level = match (present, optional(&program)) {
+        let level = match (present, probe.optional) {
             (true, _) => Level::Ok,
             (false, true) => Level::Warn,
             (false, false) => Level::Fail,
@@ -102,10 +105,6 @@ pub fn run_checks() -> Vec<Finding> {
         out.push(finding(level, what));
     }
     out
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// Capabilities only (what `run` checks before loading anything).

@@ -9,6 +9,105 @@ use std::{
 use pgio_common::block_io::{dev_major, dev_minor, mkdev};
 use tracing::warn;
 
+use crate::{
+    collector::{Scrape, Snapshot, Source},
+    exposition::{Encoder, Family, Kind},
+    provisional::Provisional,
+};
+
+/// Device names and Longhorn volumes for one scrape, and the devices it has seen so far
+/// (`pgio_device_info` lists them).
+#[derive(Debug, Default)]
+pub struct Devices {
+    names: DeviceNames,
+    volumes: LonghornVolumes,
+    /// dev → name, of the devices seen in this scrape.
+    seen: BTreeMap<u32, String>,
+}
+
+impl Devices {
+    pub fn new(longhorn_device_dir: Option<PathBuf>) -> Devices {
+        Devices {
+            volumes: LonghornVolumes::new(longhorn_device_dir),
+            ..Devices::default()
+        }
+    }
+
+    /// Names and volumes given, nothing read from /sys or /dev (tests, benchmarks).
+    pub fn fixed(
+        names: impl IntoIterator<Item = (u32, String)>,
+        volumes: impl IntoIterator<Item = (u32, String)>,
+    ) -> Devices {
+        let mut d = Devices::default();
+        d.names.names.extend(names);
+        d.volumes.by_dev.extend(volumes);
+        d
+    }
+
+    pub fn refresh_volumes(&mut self) {
+        self.volumes.refresh();
+    }
+
+    /// Longhorn devices are listed before their first IO.
+    pub(crate) fn start_scrape(&mut self) {
+        self.seen.clear();
+        let volume_devs: Vec<u32> = self.volumes.iter().map(|(d, _)| d).collect();
+        for dev in volume_devs {
+            self.see(dev);
+        }
+    }
+
+    /// Resolves `dev`'s name for `name` and lists it in this scrape's `pgio_device_info`.
+    pub fn see(&mut self, dev: u32) {
+        if !self.seen.contains_key(&dev) {
+            let name = self.names.name(dev);
+            self.seen.insert(dev, name);
+        }
+    }
+
+    /// The name of a device `see` was given in this scrape.
+    pub fn name(&self, dev: u32) -> &str {
+        self.seen.get(&dev).map_or("", String::as_str)
+    }
+
+    /// The Longhorn volume `dev` is, as of the last refresh.
+    pub fn volume(&self, dev: u32) -> Option<&str> {
+        self.volumes.volume(dev)
+    }
+}
+
+static DEVICE_INFO: Family = Family {
+    name: "pgio_device_info",
+    help: "Block devices seen by pgio, and Longhorn volume devices: name, kernel major:minor and the Longhorn volume it is, if any (value is always 1).",
+    kind: Kind::Gauge,
+};
+
+/// `pgio_device_info`: register after the sources that see devices.
+pub struct DeviceInfo;
+
+impl Source for DeviceInfo {
+    fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
+        Box::new(DeviceInfo)
+    }
+}
+
+impl Snapshot for DeviceInfo {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        let devices = &*scrape.devices;
+        let mut family = enc.family(&DEVICE_INFO);
+        for (dev, name) in &devices.seen {
+            let (major, minor) = (dev_major(*dev).to_string(), dev_minor(*dev).to_string());
+            let labels = [
+                ("device", name.as_str()),
+                ("major", &major),
+                ("minor", &minor),
+                ("volume", devices.volume(*dev).unwrap_or("")),
+            ];
+            family.gauge(labels, 1);
+        }
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct DeviceNames {
     names: HashMap<u32, String>,

@@ -2,18 +2,15 @@
 //! lifecycle events: exec → classify now; fork of a tracked process → the child already
 //! inherited its parent's series in the kernel, reclassify it as its title settles
 //! (Postgres sets the backend title within milliseconds of fork); exit → forget.
-use std::{
-    cmp::Reverse,
-    collections::{BinaryHeap, HashMap},
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+//! What a process is, is the classifier's business; discovery keeps `Tracked` and the
+//! kernel's `TRACKED` map in step with it.
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use aya::maps::{Array, MapData, RingBuf};
+use aya::maps::{MapData, RingBuf};
 use pgio_common::{
-    PROVISIONAL, SERIES_UNTRACKED,
-    lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent},
+    SeriesId,
+    lifecycle::{LifecycleEvent, LifecycleKind},
 };
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -24,132 +21,19 @@ use tracing::{debug, warn};
 use crate::{
     classifier::{Classifier, ProcessInfo},
     labels::Labels,
-    probes::TitleProbe,
-    provisional::Provisional,
-    series::SeriesRegistry,
+    lifecycle::{self, Event, TitleProbe},
+    lock,
+    proc_scan::{classify_all, read_process},
+    reclassify::Schedule,
+    series::{KernelSeries, SharedTracked},
 };
-
-/// After a fork: the pauses between looks at the child's title, until it is settled. Dense
-/// at first: a new backend sets its title within about a millisecond and reads right after;
-/// tokio's timer cannot wait less than 1 ms.
-const RECLASSIFY_AFTER: [Duration; 14] = [
-    Duration::ZERO,
-    Duration::from_millis(1),
-    Duration::from_millis(1),
-    Duration::from_millis(1),
-    Duration::from_millis(1),
-    Duration::from_millis(2),
-    Duration::from_millis(2),
-    Duration::from_millis(4),
-    Duration::from_millis(4),
-    Duration::from_millis(10),
-    Duration::from_millis(25),
-    Duration::from_millis(50),
-    Duration::from_millis(400),
-    Duration::from_millis(1500),
-];
-
-const PF_KTHREAD: u32 = 0x0020_0000;
-/// Set on the leader before the kernel reports its exit, and readable in /proc until the parent
-/// reaps it (or, for a process with live threads, until they exit).
-const PF_EXITING: u32 = 0x0000_0004;
-
-/// What the collector needs from discovery: series labels and who is tracked now.
-#[derive(Default, Debug)]
-pub struct Tracked {
-    pub registry: SeriesRegistry,
-    /// tgid → series, mirror of the kernel's `TRACKED` map (a provisional process: its
-    /// cluster's `starting` series).
-    pub pids: HashMap<u32, u32>,
-    pub provisional: Provisional,
-    /// Tracked processes a rescan found gone with no exit event handled: lost events, or a
-    /// process tracked again after its exit. Stays 0 when discovery is right.
-    pub exits_missed: u64,
-}
-
-impl Tracked {
-    /// Where the readers send each histogram key's series.
-    pub fn provisional_routes(&self) -> Provisional {
-        self.provisional.clone()
-    }
-}
-
-pub type SharedTracked = Arc<Mutex<Tracked>>;
-
-pub fn lock(t: &SharedTracked) -> MutexGuard<'_, Tracked> {
-    // A panic while holding the lock leaves plain data that is still consistent enough to read.
-    t.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub fn read_process(pid: u32) -> Option<ProcessInfo> {
-    let p = procfs::process::Process::new(pid as i32).ok()?;
-    let stat = p.stat().ok()?;
-    let ppid = stat.ppid;
-    let argv = p.cmdline().ok().unwrap_or_default();
-    let exe = p.exe().ok().map(|e| e.to_string_lossy().into_owned());
-    let mut info = ProcessInfo {
-        pid,
-        comm: stat.comm,
-        cmdline: argv.join(" "),
-        argv,
-        exe,
-        cwd: None,
-        parent_comm: None,
-        kthread: stat.flags & PF_KTHREAD != 0,
-        // The exit event comes after PF_EXITING is set and before the address space (the
-        // title) is gone: a read in between must not track a process no event will untrack.
-        exiting: stat.flags & PF_EXITING != 0,
-    };
-    if crate::classifier::postgres::is_postgres(&info) {
-        // Only once it is the data directory: a postmaster changes into it after exec.
-        let in_data_dir = std::path::Path::new(&format!("/proc/{pid}/cwd/PG_VERSION")).exists();
-        info.cwd = p
-            .cwd()
-            .ok()
-            .filter(|_| in_data_dir)
-            .map(|c| c.to_string_lossy().into_owned());
-        info.parent_comm = procfs::process::Process::new(ppid)
-            .and_then(|parent| parent.stat())
-            .ok()
-            .map(|s| s.comm);
-    }
-    Some(info)
-}
-
-/// Reads and classifies every process in /proc (the start-up scan, and the periodic rescan).
-pub fn classify_all(classifier: &Classifier) -> Result<Vec<(u32, Option<Labels>)>> {
-    let mut pids = Vec::new();
-    for p in procfs::process::all_processes().context("listing /proc")? {
-        let Ok(p) = p else { continue };
-        pids.push(p.pid as u32);
-    }
-    Ok(classify_pids(classifier, &pids))
-}
-
-/// Reads all processes first and lets the classifier learn from all of them (a postmaster's
-/// cluster name is only in its children's titles), then classifies each.
-pub fn classify_pids(classifier: &Classifier, pids: &[u32]) -> Vec<(u32, Option<Labels>)> {
-    let infos: Vec<(u32, Option<ProcessInfo>)> = pids
-        .iter()
-        .map(|&pid| (pid, read_process(pid).filter(|i| !i.exiting)))
-        .collect();
-    for info in infos.iter().filter_map(|(_, i)| i.as_ref()) {
-        classifier.learn(info);
-    }
-    infos
-        .into_iter()
-        .map(|(pid, info)| (pid, info.and_then(|i| classifier.classify(&i))))
-        .collect()
-}
 
 pub struct Discovery {
     classifier: Classifier,
     shared: SharedTracked,
-    kernel_map: Array<MapData, u32>,
-    /// The kernel's `CHILD_SERIES`: series → provisional series of its children.
-    child_map: Array<MapData, u32>,
+    kernel: KernelSeries,
     titles: Option<TitleProbe>,
-    pending: BinaryHeap<Reverse<(Instant, u32, usize)>>,
+    schedule: Schedule,
     self_pid: u32,
 }
 
@@ -157,8 +41,7 @@ impl Discovery {
     pub fn new(
         classifier: Classifier,
         shared: SharedTracked,
-        kernel_map: Array<MapData, u32>,
-        child_map: Array<MapData, u32>,
+        kernel: KernelSeries,
         titles: Option<TitleProbe>,
     ) -> Discovery {
         {
@@ -168,10 +51,9 @@ impl Discovery {
         Discovery {
             classifier,
             shared,
-            kernel_map,
-            child_map,
+            kernel,
             titles,
-            pending: BinaryHeap::new(),
+            schedule: Schedule::default(),
             self_pid: std::process::id(),
         }
     }
@@ -193,15 +75,14 @@ impl Discovery {
             }
         }
         seen.sort_unstable();
-        let gone = lock(&self.shared)
+        let mut shared = lock(&self.shared);
+        let gone = shared
             .pids
             .keys()
             .copied()
             .filter(|pid| seen.binary_search(pid).is_err())
             .collect();
-        lock(&self.shared)
-            .provisional
-            .expire(std::time::Instant::now());
+        shared.provisional.expire(std::time::Instant::now());
         Ok(gone)
     }
 
@@ -209,15 +90,22 @@ impl Discovery {
     /// still tracked ended without an exit event.
     pub fn forget_missed(&mut self, gone: Vec<u32>) {
         let missed: Vec<u32> = {
-            let shared = lock(&self.shared);
-            gone.into_iter()
+            let mut shared = lock(&self.shared);
+            let missed: Vec<u32> = gone
+                .into_iter()
                 .filter(|pid| shared.pids.contains_key(pid))
-                .collect()
+                .collect();
+            shared.exits_missed += missed.len() as u64;
+            missed
         };
-        lock(&self.shared).exits_missed += missed.len() as u64;
         for pid in missed {
             self.untrack(pid);
         }
+    }
+
+    /// How many processes are tracked now.
+    pub fn tracked(&self) -> usize {
+        lock(&self.shared).pids.len()
     }
 
     /// Returns whether the process's labels are final (nothing left to learn from a later
@@ -231,38 +119,39 @@ impl Discovery {
     }
 
     fn apply(&mut self, pid: u32, info: Option<ProcessInfo>) -> bool {
-        match info {
-            Some(info) if info.exiting => {
-                let labels = self.classifier.classify(&info);
-                self.untrack(pid);
-                if let Some(labels) = labels {
-                    let mut shared = lock(&self.shared);
-                    let id = shared.registry.intern(labels);
-                    shared.provisional.classified_late(pid, id);
-                }
-                true
+        let Some(info) = info else {
+            self.untrack(pid);
+            return true;
+        };
+        if info.exiting {
+            let labels = self.classifier.classify(&info);
+            self.untrack(pid);
+            if let Some(labels) = labels {
+                self.classified_late(pid, labels);
             }
-            Some(info) => {
-                if let Some(dir) = self.classifier.learn(&info) {
-                    self.relabel_cluster(&dir);
-                }
-                match self.classifier.classify(&info) {
-                    Some(labels) => {
-                        let settled = Classifier::settled(&labels);
-                        self.track(pid, labels);
-                        settled
-                    }
-                    None => {
-                        self.untrack(pid);
-                        true
-                    }
-                }
+            return true;
+        }
+        if let Some(dir) = self.classifier.learn(&info) {
+            self.relabel_cluster(&dir);
+        }
+        match self.classifier.classify(&info) {
+            Some(labels) => {
+                let settled = Classifier::settled(&labels);
+                self.track(pid, labels);
+                settled
             }
             None => {
                 self.untrack(pid);
                 true
             }
         }
+    }
+
+    /// Already gone: `labels` only say where its held-back events go.
+    fn classified_late(&mut self, pid: u32, labels: Labels) {
+        let mut shared = lock(&self.shared);
+        let id = shared.registry.intern(labels);
+        shared.provisional.classified_late(pid, id);
     }
 
     /// A cluster's label just changed (its first auxiliary process told its cluster_name):
@@ -277,7 +166,7 @@ impl Discovery {
                     shared
                         .registry
                         .labels(**id)
-                        .is_some_and(|l| l.app == "postgres" && l.cluster == dir)
+                        .is_some_and(|l| Classifier::in_cluster(l, dir))
                 })
                 .map(|(pid, _)| *pid)
                 .collect()
@@ -296,11 +185,9 @@ impl Discovery {
                 shared.registry.intern(labels.clone()),
                 shared.registry.intern(child),
             );
-            // Ids past the array's end just keep inheriting the parent's series.
-            let _ = self.child_map.set(parent, child, 0);
+            self.kernel.set_children(parent, child);
         }
-        if labels.app == "postgres"
-            && labels.role == "postmaster"
+        if Classifier::announces_titles(&labels)
             && let Some(t) = self.titles.as_mut()
         {
             t.attach_for(pid);
@@ -315,7 +202,7 @@ impl Discovery {
         if shared.pids.get(&pid) == Some(&id) {
             return;
         }
-        match self.kernel_map.set(pid, id, 0) {
+        match self.kernel.set(pid, id) {
             Ok(()) => {
                 shared.pids.insert(pid, id);
                 shared.provisional.resolved(pid, id);
@@ -329,44 +216,46 @@ impl Discovery {
         shared.provisional.closed(pid);
         if shared.pids.remove(&pid).is_some() {
             // Already cleared when the kernel saw the exit.
-            let _ = self.kernel_map.set(pid, SERIES_UNTRACKED, 0);
+            self.kernel.clear(pid);
         }
     }
 
     fn handle(&mut self, ev: LifecycleEvent) {
         match LifecycleKind::from_u32(ev.kind) {
             Some(LifecycleKind::Exec) => self.exec(ev.pid),
-            Some(LifecycleKind::Fork) => {
-                let mut shared = lock(&self.shared);
-                let mut series = ev.series;
-                if series & PROVISIONAL != 0 {
-                    // Shown as its cluster's `starting` process until classified.
-                    let parent = shared.pids.get(&ev.ppid).copied();
-                    let starting = parent
-                        .and_then(|p| shared.registry.labels(p))
-                        .and_then(Classifier::child_labels);
-                    series = match starting {
-                        Some(labels) => shared.registry.intern(labels),
-                        None => shared.provisional.orphan,
-                    };
-                    shared.provisional.forked(ev.pid, series);
-                }
-                shared.pids.insert(ev.pid, series);
-                drop(shared);
-                self.schedule(ev.pid, 0);
-            }
+            Some(LifecycleKind::Fork) => self.forked(ev),
             Some(LifecycleKind::Exit) => {
                 let mut shared = lock(&self.shared);
                 shared.pids.remove(&ev.pid);
                 shared.provisional.closed(ev.pid);
                 // The kernel cleared it at exit; a classification racing with the exit may
                 // have written it again, and the pid will be reused.
-                let _ = self.kernel_map.set(ev.pid, SERIES_UNTRACKED, 0);
+                self.kernel.clear(ev.pid);
             }
             // Sent as a TitleEvent; see `titled`.
             Some(LifecycleKind::Titled) => {}
             None => debug!(kind = ev.kind, "unknown lifecycle event"),
         }
+    }
+
+    fn forked(&mut self, ev: LifecycleEvent) {
+        let mut shared = lock(&self.shared);
+        let mut series = ev.series;
+        if series.is_provisional() {
+            // Shown as its cluster's `starting` process until classified.
+            let parent = shared.pids.get(&ev.ppid).copied();
+            let starting = parent
+                .and_then(|p| shared.registry.labels(p))
+                .and_then(Classifier::child_labels);
+            series = match starting {
+                Some(labels) => shared.registry.intern(labels),
+                None => shared.provisional.orphan,
+            };
+            shared.provisional.forked(ev.pid, series);
+        }
+        shared.pids.insert(ev.pid, series);
+        drop(shared);
+        self.schedule.first(ev.pid);
     }
 
     fn exec(&mut self, pid: u32) {
@@ -383,14 +272,14 @@ impl Discovery {
             }
             let mut shared = lock(&self.shared);
             let id = shared.registry.intern(labels);
-            if self.kernel_map.set(pid, PROVISIONAL | pid, 0).is_ok() {
+            if self.kernel.set(pid, SeriesId::provisional(pid)).is_ok() {
                 shared.provisional.forked(pid, id);
                 shared.pids.insert(pid, id);
             }
         } else if self.apply(pid, info) {
             return;
         }
-        self.schedule(pid, 0);
+        self.schedule.first(pid);
     }
 
     /// A provisional process has just set its title (the kernel sent it): classify it from
@@ -409,12 +298,7 @@ impl Discovery {
                 .cloned();
             (shared.provisional.is_open(pid), fallback)
         };
-        let mut info = read_process(pid).unwrap_or_default();
-        info.pid = pid;
-        info.comm = "postgres".into();
-        info.argv = vec![title.clone()];
-        info.cmdline = title;
-        info.parent_comm = Some("postgres".into());
+        let info = Classifier::with_title(read_process(pid).unwrap_or_default(), pid, title);
         if let Some(dir) = self.classifier.learn(&info) {
             self.relabel_cluster(&dir);
         }
@@ -429,10 +313,7 @@ impl Discovery {
         if open {
             self.track(pid, labels);
         } else {
-            // Already gone: only where its held-back events go.
-            let mut shared = lock(&self.shared);
-            let id = shared.registry.intern(labels);
-            shared.provisional.classified_late(pid, id);
+            self.classified_late(pid, labels);
         }
     }
 
@@ -444,31 +325,21 @@ impl Discovery {
             return;
         }
         if let Some(&id) = shared.pids.get(&pid)
-            && self.kernel_map.set(pid, id, 0).is_ok()
+            && self.kernel.set(pid, id).is_ok()
         {
             shared.provisional.resolved(pid, id);
         }
     }
 
-    fn schedule(&mut self, pid: u32, attempt: usize) {
-        if let Some(delay) = RECLASSIFY_AFTER.get(attempt) {
-            self.pending
-                .push(Reverse((Instant::now() + *delay, pid, attempt)));
-        }
-    }
-
     fn run_due(&mut self) {
         let now = Instant::now();
-        while let Some(Reverse((at, pid, attempt))) = self.pending.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.pending.pop();
-            if lock(&self.shared).pids.contains_key(&pid) && !self.classify_now(pid) {
-                if attempt + 1 < RECLASSIFY_AFTER.len() {
-                    self.schedule(pid, attempt + 1);
+        while let Some(look) = self.schedule.pop_due(now) {
+            let tracked = lock(&self.shared).pids.contains_key(&look.pid);
+            if tracked && !self.classify_now(look.pid) {
+                if look.has_next() {
+                    self.schedule.next_after(look);
                 } else {
-                    self.give_up(pid);
+                    self.give_up(look.pid);
                 }
             }
         }
@@ -493,21 +364,20 @@ impl Discovery {
         let far = Duration::from_secs(3600);
         loop {
             let next = self
-                .pending
-                .peek()
-                .map(|Reverse((at, _, _))| *at)
+                .schedule
+                .next_at()
                 .unwrap_or_else(|| Instant::now() + far);
             tokio::select! {
                 guard = ring.readable_mut() => {
                     let mut guard = guard.context("lifecycle ring buffer")?;
-                    let events = drain(guard.get_inner_mut());
+                    let events = lifecycle::drain(guard.get_inner_mut());
                     guard.clear_ready();
                     self.dispatch(events);
                 }
                 _ = rescan.tick() => {
                     match self.scan_all() {
                         Ok(gone) => {
-                            let events = drain(ring.get_mut());
+                            let events = lifecycle::drain(ring.get_mut());
                             self.dispatch(events);
                             self.forget_missed(gone);
                         }
@@ -517,68 +387,5 @@ impl Discovery {
                 _ = sleep_until(next) => self.run_due(),
             }
         }
-    }
-}
-
-enum Event {
-    Lifecycle(LifecycleEvent),
-    Titled { pid: u32, title: String },
-}
-
-fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
-    let mut out = Vec::new();
-    while let Some(item) = ring.next() {
-        let kind = item
-            .get(..4)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-        if kind == Some(LifecycleKind::Titled as u32)
-            && item.len() >= std::mem::size_of::<TitleEvent>()
-        {
-            // SAFETY: the kernel wrote a TitleEvent (repr(C), integers and bytes); unaligned read.
-            let ev = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const TitleEvent) };
-            let len = (ev.len as usize).min(ev.title.len());
-            let bytes = &ev.title[..len];
-            let bytes = bytes.split(|&b| b == 0).next().unwrap_or_default();
-            out.push(Event::Titled {
-                pid: ev.pid,
-                title: String::from_utf8_lossy(bytes).into_owned(),
-            });
-        } else if item.len() >= std::mem::size_of::<LifecycleEvent>() {
-            // SAFETY: the kernel wrote a LifecycleEvent (repr(C), plain integers); unaligned read.
-            out.push(Event::Lifecycle(unsafe {
-                std::ptr::read_unaligned(item.as_ptr() as *const LifecycleEvent)
-            }));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An exited, not yet reaped child is still in /proc with its comm: it must read as
-    /// exiting, or a rescan that runs after its exit event would track it again.
-    #[test]
-    fn an_exited_process_reads_as_exiting() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("0")
-            .spawn()
-            .expect("spawn sleep");
-        let pid = child.id();
-        let zombie = (0..500).any(|_| {
-            std::thread::sleep(Duration::from_millis(2));
-            procfs::process::Process::new(pid as i32)
-                .and_then(|p| p.stat())
-                .is_ok_and(|s| s.state == 'Z')
-        });
-        assert!(zombie, "sleep 0 did not become a zombie within 1 s");
-        let seen = read_process(pid);
-        child.wait().expect("reap");
-        assert!(
-            seen.is_some_and(|i| i.exiting),
-            "a zombie must read as exiting"
-        );
-        assert!(read_process(std::process::id()).is_some_and(|i| !i.exiting));
     }
 }

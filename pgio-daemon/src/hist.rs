@@ -1,5 +1,17 @@
-//! Log2 histograms summed over CPUs, and their Prometheus form.
-use pgio_common::hist::{Bucket, SLOTS};
+//! Log2 histograms summed over CPUs, and the one reader every histogram map goes through.
+use std::{collections::BTreeMap, sync::Mutex};
+
+use anyhow::Result;
+use aya::maps::{MapData, PerCpuHashMap};
+use pgio_common::{
+    SeriesId,
+    hist::{Bucket, SLOTS},
+};
+
+use crate::{
+    lock,
+    provisional::{Provisional, Route},
+};
 
 /// Smallest `le`: 2^10 ns ≈ 1 µs (everything faster is folded into it: a syscall takes longer).
 pub const MIN_SLOT: usize = 10;
@@ -48,23 +60,80 @@ impl Log2Hist {
         self.sum_ns as f64 * 1e-9
     }
 
-    /// Non-cumulative `(le seconds, count)` pairs as prometheus-client wants them: `le = 2^k ns`
-    /// for k in MIN_SLOT..=MAX_SLOT, then `+Inf`. Slot k holds (2^(k-1), 2^k] ns, so each
-    /// slot maps onto exactly one bucket and nothing is re-binned.
-    pub fn prometheus_buckets(&self) -> Vec<(f64, u64)> {
-        let mut out = Vec::with_capacity(MAX_SLOT - MIN_SLOT + 2);
+    /// Non-cumulative counts of the exported buckets, `le = 2^k ns` for k in
+    /// MIN_SLOT..=MAX_SLOT, then `+Inf`. Slot k holds (2^(k-1), 2^k] ns, so each slot maps onto
+    /// exactly one bucket and nothing is re-binned.
+    pub fn bucket_counts(&self) -> impl Iterator<Item = u64> + '_ {
         let below: u64 = self.slots[..=MIN_SLOT].iter().sum();
-        out.push((le_seconds(MIN_SLOT), below));
-        for k in MIN_SLOT + 1..=MAX_SLOT {
-            out.push((le_seconds(k), self.slots[k]));
-        }
-        out.push((f64::INFINITY, self.slots[MAX_SLOT + 1..].iter().sum()));
-        out
+        let above: u64 = self.slots[MAX_SLOT + 1..].iter().sum();
+        std::iter::once(below)
+            .chain(self.slots[MIN_SLOT + 1..=MAX_SLOT].iter().copied())
+            .chain(std::iter::once(above))
     }
 }
 
 pub fn le_seconds(slot: usize) -> f64 {
     (1u64 << slot) as f64 * 1e-9
+}
+
+/// A histogram map's key: the series it books, its log2 slot, and the rest, which names one
+/// exported histogram.
+pub trait HistKey: aya::Pod {
+    type Id: Ord + Copy;
+    fn series(&self) -> SeriesId;
+    fn slot(&self) -> u8;
+    /// The histogram this key's slot belongs to, booked under `series`.
+    fn id(&self, series: SeriesId) -> Self::Id;
+}
+
+pub type Hists<Id> = BTreeMap<Id, Log2Hist>;
+
+/// Reads one per-CPU histogram map: sums the CPUs and gathers slots into histograms. Keys of
+/// provisional series (see `provisional`) are left in the map while their process is being
+/// classified, then moved into the series it was classified as: deleted from the kernel map
+/// and kept in `carry`, so every exported series stays monotonic.
+pub struct HistReader<K: HistKey> {
+    map: Mutex<PerCpuHashMap<MapData, K, Bucket>>,
+    carry: Mutex<Hists<K::Id>>,
+}
+
+impl<K: HistKey> HistReader<K> {
+    pub fn new(map: PerCpuHashMap<MapData, K, Bucket>) -> HistReader<K> {
+        HistReader {
+            map: Mutex::new(map),
+            carry: Mutex::default(),
+        }
+    }
+
+    pub fn read(&self, routes: &Provisional) -> Result<Hists<K::Id>> {
+        let mut map = lock(&self.map);
+        let mut carry = lock(&self.carry);
+        let mut out = Hists::new();
+        let mut folded = Vec::new();
+        for entry in map.iter() {
+            let (key, per_cpu) = entry?;
+            let h = match routes.route(key.series()) {
+                Route::Own => out.entry(key.id(key.series())),
+                Route::Pending => continue,
+                Route::Fold(series) => {
+                    folded.push(key);
+                    carry.entry(key.id(series))
+                }
+            }
+            .or_default();
+            for b in per_cpu.iter() {
+                h.add(key.slot(), b);
+            }
+        }
+        for key in &folded {
+            // Gone already is fine: nothing else deletes, and a late event recreates it.
+            let _ = map.remove(key);
+        }
+        for (id, h) in carry.iter() {
+            out.entry(*id).or_default().merge(h);
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -90,7 +159,11 @@ mod tests {
         observe(&mut h, 1 << 20); // exactly 2^20 ns: le=2^20
         observe(&mut h, (1 << 20) + 1); // just above: le=2^21
         observe(&mut h, 1 << 40); // beyond 2^34: only +Inf
-        let b = h.prometheus_buckets();
+        let b: Vec<(f64, u64)> = (MIN_SLOT..=MAX_SLOT)
+            .map(le_seconds)
+            .chain([f64::INFINITY])
+            .zip(h.bucket_counts())
+            .collect();
         assert_eq!(b.len(), MAX_SLOT - MIN_SLOT + 2);
         assert_eq!(b[0], (1024e-9, 1));
         let at = |k: usize| b[k - MIN_SLOT];

@@ -8,42 +8,45 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use prometheus_client::registry::Registry;
 
-use crate::exposition;
+use crate::{collector::Collector, exposition::Format};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-pub fn router(registry: Arc<Registry>) -> Router {
+pub fn router(collector: Arc<Collector>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(move |headers: HeaderMap| metrics(registry.clone(), headers)),
+            get(move |headers: HeaderMap| metrics(collector.clone(), headers)),
         )
         .route("/healthz", get(|| async { "ok\n" }))
 }
 
-fn wants_openmetrics(headers: &HeaderMap) -> bool {
-    headers
+fn format_asked(headers: &HeaderMap) -> Format {
+    let om = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("application/openmetrics-text"))
+        .any(|v| v.contains("application/openmetrics-text"));
+    if om {
+        Format::OpenMetrics
+    } else {
+        Format::Prometheus
+    }
 }
 
-async fn metrics(registry: Arc<Registry>, headers: HeaderMap) -> Response {
-    let om = wants_openmetrics(&headers);
+async fn metrics(collector: Arc<Collector>, headers: HeaderMap) -> Response {
+    let format = format_asked(&headers);
     // Reading the maps is a few syscalls per entry: keep it off the async workers.
-    let encoded = tokio::task::spawn_blocking(move || exposition::openmetrics(&registry)).await;
+    let encoded = tokio::task::spawn_blocking(move || collector.scrape(format)).await;
+    let content_type = match format {
+        Format::OpenMetrics => OPENMETRICS,
+        Format::Prometheus => PROMETHEUS_TEXT,
+    };
     match encoded {
-        Ok(Ok(text)) if om => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
-        Ok(Ok(text)) => (
-            [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
-            exposition::prometheus_text(&text),
-        )
-            .into_response(),
-        _ => (
+        Ok(text) => ([(header::CONTENT_TYPE, content_type)], text).into_response(),
+        Err(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "encoding metrics failed\n",
         )

@@ -1,6 +1,6 @@
 //! The label set of a series: who did the IO. Bounded cardinality by construction: no pid,
 //! no backend state, no query text.
-use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use crate::exposition::{LabelSet, LabelWriter};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Labels {
@@ -50,18 +50,11 @@ impl Labels {
     }
 }
 
-impl EncodeLabelSet for Labels {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        for pair in self.pairs() {
-            pair.encode(encoder.encode_label())?;
+impl LabelSet for Labels {
+    fn write(&self, w: &mut LabelWriter<'_>) {
+        for (name, value) in self.pairs() {
+            w.label(name, value);
         }
-        Ok(())
-    }
-}
-
-impl EncodeLabelSet for &Labels {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        (*self).encode(encoder)
     }
 }
 
@@ -71,14 +64,10 @@ pub struct WithLabels<'a, const N: usize> {
     pub extra: [(&'static str, &'a str); N],
 }
 
-impl<const N: usize> EncodeLabelSet for WithLabels<'_, N> {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        for (k, v) in self.extra {
-            if !v.is_empty() {
-                (k, v).encode(encoder.encode_label())?;
-            }
-        }
-        self.series.encode(encoder)
+impl<const N: usize> LabelSet for WithLabels<'_, N> {
+    fn write(&self, w: &mut LabelWriter<'_>) {
+        self.extra.write(w);
+        self.series.write(w);
     }
 }
 
@@ -107,17 +96,12 @@ impl BlockLabels<'_> {
     }
 }
 
-impl EncodeLabelSet for BlockLabels<'_> {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        for pair in [("device", self.device), ("op", self.op)] {
-            if !pair.1.is_empty() {
-                pair.encode(encoder.encode_label())?;
-            }
+impl LabelSet for BlockLabels<'_> {
+    fn write(&self, w: &mut LabelWriter<'_>) {
+        [("device", self.device), ("op", self.op)].write(w);
+        for (name, value) in self.series.pairs_with_volume(self.volume()) {
+            w.label(name, value);
         }
-        for pair in self.series.pairs_with_volume(self.volume()) {
-            pair.encode(encoder.encode_label())?;
-        }
-        Ok(())
     }
 }
 

@@ -1,11 +1,16 @@
 //! pgio-daemon's library: everything but the command line, so benchmarks and tests can reach
 //! the userspace hot spots (classifier, /proc scan, exposition).
 //!
-//! Data path: probes (pgio-ebpf) → kernel maps → collector (`exposition`) → `/metrics`;
-//! `discovery` keeps the kernel's `tgid → series` map current.
+//! Data path: probes (pgio-ebpf) → kernel maps → a `collector::Source` per probe family
+//! (`block_io`, `syscall`) → `exposition` → `/metrics`; `discovery` (with `lifecycle` and
+//! the `classifier`) keeps the kernel's `tgid → series` map (`series`) current.
+use std::sync::{Mutex, MutexGuard};
+
 pub mod block_io;
+pub mod btf;
 pub mod check;
 pub mod classifier;
+pub mod collector;
 pub mod config;
 pub mod devices;
 pub mod discovery;
@@ -14,8 +19,18 @@ pub mod hist;
 pub mod http;
 pub mod kernel_offsets;
 pub mod labels;
+pub mod lifecycle;
 pub mod probes;
+pub mod proc_scan;
 pub mod provisional;
+pub mod reclassify;
+pub mod self_metrics;
 pub mod series;
 pub mod syscall;
 pub mod tracefs;
+
+/// A panic while holding one of pgio's locks leaves plain data that is still consistent
+/// enough to read: carry on rather than poison every later scrape.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -7,18 +7,20 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow};
-use aya::maps::{Array, PerCpuArray, PerCpuHashMap, RingBuf};
 use clap::{Parser, Subcommand};
 use tracing::{error, info};
 
 use pgio_daemon::{
     block_io, check,
     classifier::Classifier,
+    collector::Collector,
     config::Config,
-    devices::LonghornVolumes,
-    discovery::{self, Discovery, SharedTracked},
-    exposition::{self, PgioCollector},
-    http, probes, syscall, tracefs,
+    devices::{DeviceInfo, Devices},
+    discovery::Discovery,
+    http, lifecycle, probes,
+    self_metrics::{self, SelfMetrics},
+    series::{KernelSeries, SharedTracked, TrackedProcesses},
+    syscall, tracefs,
 };
 
 #[derive(Parser)]
@@ -145,12 +147,12 @@ fn run_floor() -> Result<()> {
     rt.block_on(shutdown_signal());
     // For `cargo xtask bench`: the programs' run time (kernel.bpf_stats_enabled) at exit.
     for (name, p) in ebpf.programs() {
-        if let Some((ns, runs, _)) = p
+        if let Some(s) = p
             .fd()
             .ok()
-            .and_then(|fd| exposition::program_stats(fd.as_fd().as_raw_fd()))
+            .and_then(|fd| self_metrics::program_stats(fd.as_fd().as_raw_fd()))
         {
-            println!("stats {name} {ns} {runs}");
+            println!("stats {name} {} {}", s.run_time_ns, s.runs);
         }
     }
     Ok(())
@@ -200,63 +202,42 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     } else {
         None
     };
-    let mut probes = probes::load_and_attach()?;
-    let ebpf = &mut probes.ebpf;
-    let take = |ebpf: &mut aya::Ebpf, name: &str| {
-        ebpf.take_map(name)
-            .with_context(|| format!("map {name} missing from the eBPF object"))
-    };
-    let tracked_map: Array<_, u32> = take(ebpf, "TRACKED")?.try_into()?;
-    let child_series_map: Array<_, u32> = take(ebpf, "CHILD_SERIES")?.try_into()?;
-    let ring: RingBuf<_> = take(ebpf, "LIFECYCLE")?.try_into()?;
-    let block_hist: PerCpuHashMap<_, _, _> = take(ebpf, "BLOCK_IO_HIST")?.try_into()?;
-    let syscall_hist: PerCpuHashMap<_, _, _> = take(ebpf, "SYSCALL_HIST")?.try_into()?;
-    let drops: PerCpuArray<_, u64> = take(ebpf, "DROPS")?.try_into()?;
-    let program_fds = ebpf
-        .programs()
-        .filter_map(|(name, p)| Some((name.to_owned(), p.fd().ok()?.as_fd().as_raw_fd())))
-        .collect();
-    // Discovery attaches the title uretprobe to postgres binaries as it finds them.
-    let probes::Probes { ebpf, status } = probes;
-    let ebpf = Arc::new(Mutex::new(ebpf));
-
+    let probes::Probes { mut ebpf, status } = probes::load_and_attach()?;
+    let kernel_series = KernelSeries::take(&mut ebpf)?;
+    let ring = lifecycle::take_ring(&mut ebpf)?;
     let shared: SharedTracked = Arc::default();
+    // One registration per source; families are encoded in this order (device info last:
+    // it lists the devices the others saw).
+    let mut collector = Collector::new(shared.clone(), Devices::new(config.longhorn_device_dir()));
+    collector.register(block_io::BlockIo::take(&mut ebpf)?);
+    collector.register(syscall::Syscalls::take(&mut ebpf)?);
+    collector.register(TrackedProcesses);
+    collector.register(DeviceInfo);
+    collector.register(SelfMetrics::take(&mut ebpf, status)?);
+    let collector = Arc::new(collector);
+
+    // Discovery attaches the title uretprobe to postgres binaries as it finds them.
+    let ebpf = Arc::new(Mutex::new(ebpf));
     let mut discovery = Discovery::new(
         Classifier::new(config.compiled_rules()),
-        shared.clone(),
-        tracked_map,
-        child_series_map,
-        Some(probes::TitleProbe::new(ebpf.clone())),
+        shared,
+        kernel_series,
+        Some(lifecycle::TitleProbe::new(ebpf.clone())),
     );
     // Nothing was tracked before: no process can be missing.
     let _gone = discovery.scan_all()?;
-    info!(
-        tracked = discovery::lock(&shared).pids.len(),
-        "initial /proc scan done"
-    );
+    info!(tracked = discovery.tracked(), "initial /proc scan done");
 
-    let collector = PgioCollector {
-        block_io: Arc::new(block_io::BlockIoReader::new(block_hist)),
-        syscall: Arc::new(syscall::SyscallReader::new(syscall_hist)),
-        drops,
-        tracked: shared.clone(),
-        probes: status,
-        program_fds,
-        devices: Mutex::default(),
-        volumes: Mutex::new(LonghornVolumes::new(config.longhorn_device_dir())),
-    };
-    let (block_io, syscall) = (collector.block_io.clone(), collector.syscall.clone());
-    let fold_tracked = shared.clone();
+    let fold = collector.clone();
     std::thread::Builder::new()
         .name("fold-provisional".into())
-        .spawn(move || exposition::fold_provisional(block_io, syscall, fold_tracked))
+        .spawn(move || fold.fold_provisional())
         .context("starting the provisional-series thread")?;
-    let registry = Arc::new(exposition::registry(collector));
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
 
     info!(%listen, "serving /metrics");
     let server =
-        axum::serve(listener, http::router(registry)).with_graceful_shutdown(shutdown_signal());
+        axum::serve(listener, http::router(collector)).with_graceful_shutdown(shutdown_signal());
     tokio::select! {
         r = server => r.context("HTTP server")?,
         r = discovery_task => {

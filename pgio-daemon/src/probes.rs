@@ -1,124 +1,126 @@
-//! Loads the eBPF object, relocates kernel struct offsets, attaches every program. A program
-//! that cannot attach (tracepoint missing on this kernel) is reported, exported as
-//! `pgio_probe_attached{program} 0`, and the rest keeps working.
+//! The probe table, and loading: creates the maps, writes the kernel's struct offsets into the
+//! programs, attaches every program. A program that cannot attach (its hook is missing on this
+//! kernel) is reported, exported as `pgio_probe_attached{program} 0`, and the rest keeps
+//! working.
+use std::borrow::Cow;
+
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, TracePoint, UProbe, uprobe::UProbeScope},
+    maps::{Map, MapError},
+    programs::{BtfTracePoint, TracePoint, UProbe},
 };
-use pgio_common::{block_io::KernelOffsets, syscall::Syscall};
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
-};
+use pgio_common::{kernel_offsets::KernelOffsets, syscall::Syscall};
 use tracing::{info, warn};
 
-use crate::kernel_offsets;
+use crate::{btf::KernelBtf, kernel_offsets, series};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pgio"));
 
 /// How a program attaches.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attach {
-    /// `tp_btf/<name>`
-    Btf,
-    /// `tracepoint/<category>/<name>`
+    /// `tp_btf/<program>`
+    BtfTracePoint,
+    /// `tracepoint/<category>/<program>`
     TracePoint(&'static str),
-    /// A uretprobe loaded now and attached per binary later (`TitleProbe`).
-    UProbeLater,
+    /// A uretprobe on `function`, loaded now and attached to each postgres binary as it is
+    /// found (`lifecycle::TitleProbe`).
+    URetProbeLater { function: &'static str },
+}
+
+/// The probe family a program belongs to: its kernel side is `pgio-ebpf/src/<family>.rs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeFamily {
+    BlockIo,
+    Syscall,
+    Lifecycle,
+}
+
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// The program's name in the eBPF object (= its tracepoint's name).
+    pub program: Cow<'static, str>,
+    pub attach: Attach,
+    /// pgio still works on kernels without its hook, with less.
+    pub optional: bool,
+    pub family: ProbeFamily,
+}
+
+const fn probe(
+    program: &'static str,
+    attach: Attach,
+    optional: bool,
+    family: ProbeFamily,
+) -> Probe {
+    Probe {
+        program: Cow::Borrowed(program),
+        attach,
+        optional,
+        family,
+    }
+}
+
+/// PostgreSQL's `init_ps_display` returns with the title written (program and function share
+/// the name). Without it, a new backend is classified from /proc a few ms after fork.
+pub const TITLE: Probe = probe(
+    "init_ps_display",
+    Attach::URetProbeLater {
+        function: "init_ps_display",
+    },
+    true,
+    ProbeFamily::Lifecycle,
+);
+
+/// Every program pgio loads. Loading, `pgio-daemon check` and `pgio_probe_attached` read this.
+pub fn table() -> Vec<Probe> {
+    use Attach::{BtfTracePoint, TracePoint};
+    use ProbeFamily::{BlockIo, Lifecycle};
+    let mut table = vec![
+        // Kernel >= 6.5; before it the submitter comes from insert/issue.
+        probe("block_io_start", BtfTracePoint, true, BlockIo),
+        probe("block_rq_insert", BtfTracePoint, false, BlockIo),
+        probe("block_rq_issue", BtfTracePoint, false, BlockIo),
+        probe("block_rq_complete", BtfTracePoint, false, BlockIo),
+        probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
+        probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
+        probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
+        TITLE,
+    ];
+    for sc in Syscall::ALL {
+        for dir in ["enter", "exit"] {
+            table.push(Probe {
+                program: format!("sys_{dir}_{}", sc.name()).into(),
+                attach: TracePoint("syscalls"),
+                // futex_waitv appeared in 5.16.
+                optional: sc == Syscall::FutexWaitv,
+                family: ProbeFamily::Syscall,
+            });
+        }
+    }
+    table
 }
 
 #[derive(Clone, Debug)]
 pub struct ProbeStatus {
-    /// Program name = tracepoint name (`sys_enter_pread64`, `block_rq_issue`, ...).
     pub program: String,
     pub attached: bool,
-}
-
-/// Every program of the object and where it attaches.
-pub fn programs() -> Vec<(String, Attach)> {
-    let mut v: Vec<(String, Attach)> = [
-        "block_io_start",
-        "block_rq_insert",
-        "block_rq_issue",
-        "block_rq_complete",
-        "sched_process_fork",
-    ]
-    .into_iter()
-    .map(|n| (n.to_owned(), Attach::Btf))
-    .collect();
-    v.push(("sched_process_exec".into(), Attach::TracePoint("sched")));
-    v.push(("sched_process_exit".into(), Attach::TracePoint("sched")));
-    v.push((TITLE_PROGRAM.into(), Attach::UProbeLater));
-    for sc in Syscall::ALL {
-        for dir in ["enter", "exit"] {
-            v.push((
-                format!("sys_{dir}_{}", sc.name()),
-                Attach::TracePoint("syscalls"),
-            ));
-        }
-    }
-    v
-}
-
-/// The uretprobe on PostgreSQL's `init_ps_display` (program and function share the name).
-pub const TITLE_PROGRAM: &str = "init_ps_display";
-
-/// Attaches the title uretprobe to each distinct postgres executable, the first time one of
-/// its postmasters is seen (by inode: the same binary under several paths or in several
-/// containers is attached once).
-pub struct TitleProbe {
-    ebpf: Arc<Mutex<Ebpf>>,
-    attached: HashSet<(u64, u64)>,
-}
-
-impl TitleProbe {
-    pub fn new(ebpf: Arc<Mutex<Ebpf>>) -> TitleProbe {
-        TitleProbe {
-            ebpf,
-            attached: HashSet::new(),
-        }
-    }
-
-    /// Attaches to the executable of process `pid` unless already done. `/proc/<pid>/exe`
-    /// reaches the binary also inside another mount namespace.
-    pub fn attach_for(&mut self, pid: u32) {
-        use std::os::unix::fs::MetadataExt;
-        let exe = format!("/proc/{pid}/exe");
-        let Ok(meta) = std::fs::metadata(&exe) else {
-            return;
-        };
-        if !self.attached.insert((meta.dev(), meta.ino())) {
-            return;
-        }
-        let mut ebpf = self.ebpf.lock().unwrap_or_else(|e| e.into_inner());
-        let result = ebpf
-            .program_mut(TITLE_PROGRAM)
-            .context("program missing")
-            .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
-            .and_then(|p| {
-                p.attach(TITLE_PROGRAM, &exe, UProbeScope::AllProcesses)
-                    .map_err(Into::into)
-            });
-        let binary = std::fs::read_link(&exe)
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
-        match result {
-            Ok(_) => info!(pid, binary, "title uretprobe attached"),
-            // Classification falls back to reading /proc a few ms after fork.
-            Err(e) => warn!(
-                pid,
-                binary,
-                error = format!("{e:#}"),
-                "title uretprobe not attached"
-            ),
-        }
-    }
 }
 
 pub struct Probes {
     pub ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
+}
+
+/// A map of the object, as the type its family reads it with.
+pub fn take_map<T>(ebpf: &mut Ebpf, name: &str) -> Result<T>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .with_context(|| format!("map {name} missing from the eBPF object"))?;
+    T::try_from(map).with_context(|| format!("map {name}"))
 }
 
 fn require_object() -> Result<()> {
@@ -151,59 +153,59 @@ pub fn load_floor() -> Result<Ebpf> {
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
 /// is attached).
 fn load(offsets: &KernelOffsets) -> Result<Ebpf> {
+    // One slot per pid: the tgid-indexed array must reach pid_max.
+    let pid_max = procfs::sys::kernel::pid_max()
+        .ok()
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or(pgio_common::PID_MAX_LIMIT)
+        .min(pgio_common::PID_MAX_LIMIT);
     EbpfLoader::new()
         // SYSCALL_START is a task storage map: aya 0.14 creates it but has no userspace type
         // for it (userspace never reads it).
         .allow_unsupported_maps()
-        .override_global("KERNEL_OFFSETS", offsets, true)
-        .map_max_entries("TRACKED", pid_max())
+        .override_global(kernel_offsets::GLOBAL, offsets, true)
+        .map_max_entries(series::TRACKED_MAP, pid_max)
         .load(OBJECT)
         .context("loading the eBPF object")
 }
 
 pub fn load_and_attach() -> Result<Probes> {
     require_object()?;
-    let offsets =
-        kernel_offsets::from_vmlinux().context("reading struct offsets from kernel BTF")?;
+    let btf = KernelBtf::open()?;
+    let offsets = kernel_offsets::from_btf(&btf).context("reading struct offsets from BTF")?;
     let mut ebpf = load(&offsets)?;
-    let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
+    // aya's loader wants its own parse of the same BTF.
+    let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status = Vec::new();
-    for (name, attach) in programs() {
-        let result = attach_one(&mut ebpf, &btf, &name, attach);
+    for probe in table() {
+        let result = attach_one(&mut ebpf, &aya_btf, &probe);
+        let program = probe.program.into_owned();
         match &result {
-            Ok(()) => info!(program = %name, "attached"),
-            Err(e) => warn!(program = %name, error = format!("{e:#}"), "not attached"),
+            Ok(()) => info!(program, "attached"),
+            Err(e) => warn!(program, error = format!("{e:#}"), "not attached"),
         }
         status.push(ProbeStatus {
-            program: name,
+            program,
             attached: result.is_ok(),
         });
     }
     Ok(Probes { ebpf, status })
 }
 
-/// `/proc/sys/kernel/pid_max`: the tgid-indexed `TRACKED` array needs one slot per pid.
-fn pid_max() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(pgio_common::PID_MAX_LIMIT)
-        .min(pgio_common::PID_MAX_LIMIT)
-}
-
-fn attach_one(ebpf: &mut Ebpf, btf: &Btf, name: &str, attach: Attach) -> Result<()> {
+fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe) -> Result<()> {
+    let name = &*probe.program;
     let prog = ebpf
         .program_mut(name)
         .with_context(|| format!("program {name} missing from the eBPF object"))?;
-    match attach {
-        Attach::Btf => {
+    match probe.attach {
+        Attach::BtfTracePoint => {
             let p: &mut BtfTracePoint = prog.try_into()?;
             p.load(name, btf)
                 .with_context(|| format!("loading tp_btf/{name}"))?;
             p.attach()
                 .with_context(|| format!("attaching tp_btf/{name}"))?;
         }
-        Attach::UProbeLater => {
+        Attach::URetProbeLater { .. } => {
             let p: &mut UProbe = prog.try_into()?;
             p.load()
                 .with_context(|| format!("loading uretprobe {name}"))?;

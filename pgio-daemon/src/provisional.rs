@@ -1,7 +1,7 @@
 //! Provisional series of freshly forked processes. A postmaster's child runs in its own
 //! kernel series `PROVISIONAL | tgid` until pgio has read its title (a millisecond or so).
 //! Its events are held back while that lasts; once the child is classified, the next map read
-//! (a scrape, or `exposition::fold_provisional` within a second) folds them into the series it
+//! (a scrape, or `collector::fold_provisional` within a second) folds them into the series it
 //! was classified as and deletes them from the kernel map. A child
 //! that exits unclassified has its events folded into its cluster's `role="starting"` series.
 //! So connection churn books no event under a wrong series, and every exported series stays
@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use pgio_common::PROVISIONAL;
+use pgio_common::SeriesId;
 
 /// How long a closed entry is kept: block requests submitted while provisional can complete
 /// (and recreate their key) after the process was classified.
@@ -24,15 +24,15 @@ pub struct Provisional {
     closed_since_fold: usize,
     /// Fallback series of a provisional process whose parent is not known (the cluster-less
     /// `starting` series).
-    pub orphan: u32,
+    pub orphan: SeriesId,
 }
 
 #[derive(Clone, Debug)]
 struct Entry {
     /// The cluster's `starting` series.
-    fallback: u32,
+    fallback: SeriesId,
     /// The series the process was classified as.
-    target: Option<u32>,
+    target: Option<SeriesId>,
     /// When the kernel stopped booking events under the provisional series.
     closed_at: Option<Instant>,
 }
@@ -45,11 +45,11 @@ pub enum Route {
     /// A provisional series still in use: not exported yet, left in the map.
     Pending,
     /// A provisional series no longer in use: move into this series, delete from the map.
-    Fold(u32),
+    Fold(SeriesId),
 }
 
 impl Provisional {
-    pub fn forked(&mut self, pid: u32, fallback: u32) {
+    pub fn forked(&mut self, pid: u32, fallback: SeriesId) {
         self.entries.insert(
             pid,
             Entry {
@@ -68,7 +68,7 @@ impl Provisional {
     }
 
     /// The kernel now books `pid` under `series`.
-    pub fn resolved(&mut self, pid: u32, series: u32) {
+    pub fn resolved(&mut self, pid: u32, series: SeriesId) {
         if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
             e.target = Some(series);
             e.closed_at = Some(Instant::now());
@@ -77,7 +77,7 @@ impl Provisional {
     }
 
     /// The `starting` series `pid` was forked into.
-    pub fn fallback(&self, pid: u32) -> Option<u32> {
+    pub fn fallback(&self, pid: u32) -> Option<SeriesId> {
         self.entries.get(&pid).map(|e| e.fallback)
     }
 
@@ -90,7 +90,7 @@ impl Provisional {
     /// The title of a process that was closed unclassified arrived late (the ring buffer is
     /// read after a scheduled /proc look that found it exiting): its events still go to
     /// `series`, unless a fold already moved them.
-    pub fn classified_late(&mut self, pid: u32, series: u32) {
+    pub fn classified_late(&mut self, pid: u32, series: SeriesId) {
         if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.target.is_none()) {
             e.target = Some(series);
         }
@@ -110,11 +110,11 @@ impl Provisional {
         std::mem::take(&mut self.closed_since_fold) > 0
     }
 
-    pub fn route(&self, series: u32) -> Route {
-        if series & PROVISIONAL == 0 {
+    pub fn route(&self, series: SeriesId) -> Route {
+        if !series.is_provisional() {
             return Route::Own;
         }
-        match self.entries.get(&(series & !PROVISIONAL)) {
+        match self.entries.get(&series.provisional_tgid()) {
             Some(e) if e.closed_at.is_none() => Route::Pending,
             Some(e) => Route::Fold(e.target.unwrap_or(e.fallback)),
             // The fork event has not been handled yet (the kernel writes keys first), or,
@@ -142,43 +142,47 @@ impl Provisional {
 mod tests {
     use super::*;
 
+    const fn s(id: u32) -> SeriesId {
+        SeriesId(id)
+    }
+
     #[test]
     fn live_then_folded_into_the_classified_series_then_expired() {
         let mut p = Provisional {
-            orphan: 9,
+            orphan: s(9),
             ..Default::default()
         };
-        assert_eq!(p.route(5), Route::Own);
-        p.forked(100, 3);
-        p.forked(101, 3);
+        assert_eq!(p.route(s(5)), Route::Own);
+        p.forked(100, s(3));
+        p.forked(101, s(3));
         assert!(p.is_open(100));
-        assert_eq!(p.route(PROVISIONAL | 100), Route::Pending);
+        assert_eq!(p.route(SeriesId::provisional(100)), Route::Pending);
         assert!(!p.take_closed_since_fold());
-        p.resolved(100, 7);
+        p.resolved(100, s(7));
         p.closed(101);
         assert!(p.take_closed_since_fold());
         assert!(!p.take_closed_since_fold());
         assert!(!p.is_open(100));
-        assert_eq!(p.route(PROVISIONAL | 100), Route::Fold(7));
+        assert_eq!(p.route(SeriesId::provisional(100)), Route::Fold(s(7)));
         assert_eq!(
-            p.route(PROVISIONAL | 101),
-            Route::Fold(3),
+            p.route(SeriesId::provisional(101)),
+            Route::Fold(s(3)),
             "never classified: starting"
         );
         assert_eq!(
-            p.route(PROVISIONAL | 102),
+            p.route(SeriesId::provisional(102)),
             Route::Pending,
             "fork event not handled yet"
         );
         // A title that arrives after an unclassified close still counts.
         assert!(p.wants_title(101));
-        p.classified_late(101, 8);
-        assert_eq!(p.route(PROVISIONAL | 101), Route::Fold(8));
+        p.classified_late(101, s(8));
+        assert_eq!(p.route(SeriesId::provisional(101)), Route::Fold(s(8)));
         assert!(!p.wants_title(101));
         // Closing twice keeps the first outcome.
         p.closed(100);
-        assert_eq!(p.route(PROVISIONAL | 100), Route::Fold(7));
-        p.forked(103, 3);
+        assert_eq!(p.route(SeriesId::provisional(100)), Route::Fold(s(7)));
+        p.forked(103, s(3));
         p.expire(Instant::now() + GRACE + Duration::from_secs(1));
         assert_eq!(p.len(), 1);
         assert!(p.is_open(103));

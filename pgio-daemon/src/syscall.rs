@@ -1,57 +1,118 @@
-//! Userspace side of the syscall probes: reads `SYSCALL_HIST` (sum over CPUs) at scrape time.
-use std::{collections::BTreeMap, sync::Mutex};
-
+//! Userspace side of the syscall probes: reads `SYSCALL_HIST` at scrape time and writes
+//! `pgio_syscall_seconds` and `pgio_futex_wait_seconds`.
 use anyhow::Result;
-use aya::maps::{MapData, PerCpuHashMap};
-use pgio_common::{hist::Bucket, syscall::SyscallKey};
+use aya::Ebpf;
+use pgio_common::{
+    SeriesId,
+    syscall::{Cache, Syscall, SyscallKey},
+};
+use tracing::warn;
 
-use crate::{hist::Log2Hist, provisional::Route};
+use crate::{
+    collector::{Scrape, Snapshot, Source},
+    exposition::{Encoder, Family, Kind},
+    hist::{HistKey, HistReader, Hists},
+    labels::WithLabels,
+    probes::take_map,
+    provisional::Provisional,
+};
 
-/// (series, syscall, cache) of one syscall histogram.
-pub type SyscallId = (u32, u8, u8);
+const HIST_MAP: &str = "SYSCALL_HIST";
 
-pub struct SyscallReader {
-    hist: Mutex<PerCpuHashMap<MapData, SyscallKey, Bucket>>,
-    /// Histograms folded in from provisional series (deleted from the kernel map).
-    carry: Mutex<BTreeMap<SyscallId, Log2Hist>>,
+/// One syscall histogram: a series' calls of one syscall, by page-cache outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SyscallId {
+    pub series: SeriesId,
+    /// `Syscall` discriminant as the kernel wrote it.
+    pub syscall: u8,
+    pub cache: Cache,
 }
 
-impl SyscallReader {
-    pub fn new(hist: PerCpuHashMap<MapData, SyscallKey, Bucket>) -> SyscallReader {
-        SyscallReader {
-            hist: Mutex::new(hist),
-            carry: Mutex::default(),
-        }
+impl SyscallId {
+    fn syscall_name(&self) -> &'static str {
+        Syscall::from_u8(self.syscall).map_or("unknown", Syscall::name)
     }
 
-    /// `route` says where each key's series goes (see `provisional`).
-    pub fn read(&self, route: impl Fn(u32) -> Route) -> Result<BTreeMap<SyscallId, Log2Hist>> {
-        let mut hist = self.hist.lock().unwrap_or_else(|e| e.into_inner());
-        let mut carry = self.carry.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: BTreeMap<SyscallId, Log2Hist> = BTreeMap::new();
-        let mut folded = Vec::new();
-        for entry in hist.iter() {
-            let (key, per_cpu) = entry?;
-            let h = match route(key.series) {
-                Route::Own => out.entry((key.series, key.syscall, key.cache)),
-                Route::Pending => continue,
-                Route::Fold(s) => {
-                    folded.push(key);
-                    carry.entry((s, key.syscall, key.cache))
-                }
+    /// Waits are not IO: they get their own family.
+    fn is_futex(&self) -> bool {
+        matches!(
+            Syscall::from_u8(self.syscall),
+            Some(Syscall::Futex | Syscall::FutexWaitv)
+        )
+    }
+}
+
+impl HistKey for SyscallKey {
+    type Id = SyscallId;
+
+    fn series(&self) -> SeriesId {
+        self.series
+    }
+
+    fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    fn id(&self, series: SeriesId) -> SyscallId {
+        SyscallId {
+            series,
+            syscall: self.syscall,
+            cache: Cache::from_u8(self.cache),
+        }
+    }
+}
+
+pub struct Syscalls {
+    reader: HistReader<SyscallKey>,
+}
+
+impl Syscalls {
+    pub fn take(ebpf: &mut Ebpf) -> Result<Syscalls> {
+        Ok(Syscalls {
+            reader: HistReader::new(take_map(ebpf, HIST_MAP)?),
+        })
+    }
+}
+
+impl Source for Syscalls {
+    fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
+        let hists = self.reader.read(routes).unwrap_or_else(|e| {
+            warn!(error = format!("{e:#}"), "reading syscall map");
+            Hists::new()
+        });
+        Box::new(SyscallSnapshot(hists))
+    }
+
+    fn fold(&self, routes: &Provisional) -> Result<()> {
+        self.reader.read(routes).map(drop)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct SyscallSnapshot(pub Hists<SyscallId>);
+
+static SYSCALL_SECONDS: Family = Family {
+    name: "pgio_syscall_seconds",
+    help: "IO syscall latency, enter to exit, per tracked process series; cache=miss when the calling thread submitted block IO during a read (seconds).",
+    kind: Kind::Histogram,
+};
+static FUTEX_WAIT_SECONDS: Family = Family {
+    name: "pgio_futex_wait_seconds",
+    help: "futex waits (WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI; futex_waitv), enter to exit (seconds). Not IO. In Go programs such as the Longhorn engine and replicas most of this is the Go runtime parking idle threads (scheduler and sysmon sleeps), not waiting on replicas, IO or locks: it grows with idle threads, not with latency.",
+    kind: Kind::Histogram,
+};
+
+impl Snapshot for SyscallSnapshot {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        let labels = |id: &SyscallId| WithLabels {
+            series: scrape.series(id.series),
+            extra: [("syscall", id.syscall_name()), ("cache", id.cache.label())],
+        };
+        for (family, futex) in [(&SYSCALL_SECONDS, false), (&FUTEX_WAIT_SECONDS, true)] {
+            let mut f = enc.family(family);
+            for (id, h) in self.0.iter().filter(|(id, _)| id.is_futex() == futex) {
+                f.histogram(labels(id), h);
             }
-            .or_default();
-            for b in per_cpu.iter() {
-                h.add(key.slot, b);
-            }
         }
-        for key in &folded {
-            // Gone already is fine: nothing else deletes, and a late update recreates it.
-            let _ = hist.remove(key);
-        }
-        for (id, h) in carry.iter() {
-            out.entry(*id).or_default().merge(h);
-        }
-        Ok(out)
     }
 }

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use pgio_daemon::classifier::Classifier;
-use pgio_daemon::discovery::read_process;
 use pgio_daemon::labels::Labels;
+use pgio_daemon::proc_scan::read_process;
 use pgio_testkit::{
     PgCluster, PgOptions, pg_bin_dir, processes_with_parent, require_root, temp_dir, wait_until,
 };

@@ -8,33 +8,13 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use pgio_common::{
-    Drop, SERIES_UNTRACKED,
-    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp, KernelOffsets, mkdev},
+    SeriesId,
+    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp, mkdev},
+    drops::DropReason,
     hist::{Bucket, slot},
 };
 
-use crate::{drops, hist, syscall, tracked};
-
-/// Struct field offsets from the running kernel's BTF, set by userspace at load.
-#[unsafe(no_mangle)]
-static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
-    request_cmd_flags: 0,
-    request_q: 0,
-    queue_disk: 0,
-    gendisk_major: 0,
-    gendisk_first_minor: 0,
-    task_pid: 0,
-    task_tgid: 0,
-    task_mm: 0,
-    mm_arg_start: 0,
-    _pad: 0,
-};
-
-#[inline(always)]
-pub fn offsets() -> KernelOffsets {
-    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
-    unsafe { core::ptr::read_volatile(&KERNEL_OFFSETS) }
-}
+use crate::{drops, hist, kernel_offsets::offsets, syscall, tracked};
 
 /// In-flight requests by `struct request *`. LRU: a completion we never see (device removed,
 /// request started before pgio) must not leak an entry forever.
@@ -47,19 +27,19 @@ static BLOCK_IO_HIST: PerCpuHashMap<BlockIoKey, Bucket> =
     PerCpuHashMap::with_max_entries(65_536, 0);
 
 #[inline(always)]
-fn current_series() -> u32 {
-    tracked::series_of((bpf_get_current_pid_tgid() >> 32) as u32).unwrap_or(SERIES_UNTRACKED)
+fn current_series() -> SeriesId {
+    tracked::series_of((bpf_get_current_pid_tgid() >> 32) as u32).unwrap_or(SeriesId::UNTRACKED)
 }
 
 #[inline(always)]
-fn start(rq: u64, series: u32, start_ns: u64) -> Option<*mut BlockIoInflight> {
+fn start(rq: u64, series: SeriesId, start_ns: u64) -> Option<*mut BlockIoInflight> {
     let v = BlockIoInflight {
         series,
         start_ns,
         ..Default::default()
     };
     if BLOCK_IO_INFLIGHT.insert(&rq, &v, 0).is_err() {
-        drops::count(Drop::InflightFull);
+        drops::count(DropReason::InflightFull);
         return None;
     }
     BLOCK_IO_INFLIGHT.get_ptr_mut(&rq)
@@ -71,7 +51,7 @@ pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let series = current_series();
     let _ = start(rq, series, unsafe { bpf_ktime_get_ns() });
-    if series != SERIES_UNTRACKED {
+    if series.is_tracked() {
         syscall::mark_block_io();
     }
     0
@@ -141,11 +121,11 @@ fn device_and_op(rq: u64) -> Option<(u32, BlockOp)> {
 #[inline(always)]
 fn unmatched(rq: u64, nr_bytes: u32) {
     let Some((dev, op)) = device_and_op(rq) else {
-        drops::count(Drop::DeviceUnreadable);
+        drops::count(DropReason::DeviceUnreadable);
         return;
     };
     let key = BlockIoKey {
-        series: SERIES_UNTRACKED,
+        series: SeriesId::UNTRACKED,
         dev,
         op: op as u8,
         metric: BlockMetric::Unmatched as u8,
@@ -176,12 +156,12 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         }
         // Started, carried data, but its issue went unseen: still one request of this
         // submitter.
-        drops::count(Drop::IssueMissed);
+        drops::count(DropReason::IssueMissed);
         e.issue_ns = e.start_ns;
         e.insert_ns = 0;
     }
     let Some((dev, op)) = device_and_op(rq) else {
-        drops::count(Drop::DeviceUnreadable);
+        drops::count(DropReason::DeviceUnreadable);
         return 0;
     };
     let device_ns = now.wrapping_sub(e.issue_ns);

@@ -1,6 +1,6 @@
 //! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event.
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
-use pgio_common::{Drop, hist::Bucket};
+use pgio_common::{drops::DropReason, hist::Bucket};
 
 use crate::drops;
 
@@ -32,6 +32,6 @@ pub fn add<K>(map: &PerCpuHashMap<K, Bucket>, key: &K, value_ns: u64, bytes: u64
     // values are per CPU): add to this CPU's share of it.
     match map.get_ptr_mut(key) {
         Some(b) => add_to(b, value_ns, bytes),
-        None => drops::count(Drop::HistFull),
+        None => drops::count(DropReason::HistFull),
     }
 }

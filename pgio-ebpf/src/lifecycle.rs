@@ -10,17 +10,18 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RetProbeContext, TracePointContext},
 };
 use pgio_common::{
-    Drop, PROVISIONAL, SERIES_UNTRACKED,
+    SeriesId,
+    drops::DropReason,
     lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent},
 };
 
-use crate::{block_io::offsets, drops, tracked};
+use crate::{drops, kernel_offsets::offsets, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 #[inline(always)]
-fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: u32) {
+fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: SeriesId) {
     let ev = LifecycleEvent {
         kind: kind as u32,
         pid,
@@ -28,7 +29,7 @@ fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: u32) {
         series,
     };
     if LIFECYCLE.output::<LifecycleEvent>(&ev, 0).is_err() {
-        drops::count(Drop::LifecycleRingFull);
+        drops::count(DropReason::LifecycleRingFull);
     }
 }
 
@@ -64,7 +65,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    emit(LifecycleKind::Exec, tgid, 0, 0);
+    emit(LifecycleKind::Exec, tgid, 0, SeriesId::UNTRACKED);
     0
 }
 
@@ -79,7 +80,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
-    tracked::set(tgid, SERIES_UNTRACKED);
+    tracked::set(tgid, SeriesId::UNTRACKED);
     emit(LifecycleKind::Exit, tgid, 0, series);
     0
 }
@@ -92,7 +93,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
 pub fn init_ps_display(_ctx: RetProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     match tracked::series_of(tgid) {
-        Some(series) if series & PROVISIONAL != 0 => {}
+        Some(series) if series.is_provisional() => {}
         _ => return 0,
     }
     let off = offsets();
@@ -109,7 +110,7 @@ pub fn init_ps_display(_ctx: RetProbeContext) -> u32 {
         arg_start
     };
     let Some(mut entry) = LIFECYCLE.reserve::<TitleEvent>(0) else {
-        drops::count(Drop::LifecycleRingFull);
+        drops::count(DropReason::LifecycleRingFull);
         return 0;
     };
     let ev = entry.as_mut_ptr();

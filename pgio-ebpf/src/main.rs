@@ -8,6 +8,7 @@ mod block_io;
 mod drops;
 mod floor;
 mod hist;
+mod kernel_offsets;
 mod lifecycle;
 mod syscall;
 mod task_storage;

@@ -7,7 +7,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use pgio_common::{
-    Drop,
+    drops::DropReason,
     hist::{Bucket, slot},
     syscall::{Cache, Syscall, SyscallKey, SyscallStart, futex_op_waits},
 };
@@ -44,7 +44,7 @@ fn enter(sc: Syscall) -> u32 {
         // SAFETY: this thread's own storage; nothing else writes it while the thread runs
         // here but `block_io_start` of this same thread, which runs after this returns.
         Some(s) => unsafe { *s = start },
-        None => drops::count(Drop::SyscallStartUnavailable),
+        None => drops::count(DropReason::SyscallStartUnavailable),
     }
     0
 }

@@ -84,6 +84,35 @@ impl Classifier {
         labels.app != "postgres" || postgres::settled(labels)
     }
 
+    /// Whether reading `p` should also read its working directory and its parent's comm
+    /// (Postgres: the cluster's data directory, and whether it is a postmaster's fresh child).
+    pub fn needs_cwd_and_parent(p: &ProcessInfo) -> bool {
+        postgres::is_postgres(p)
+    }
+
+    /// Whether the title uretprobe goes on this process' binary (a postmaster's: its children
+    /// announce their titles through it).
+    pub fn announces_titles(labels: &Labels) -> bool {
+        labels.app == "postgres" && labels.role == "postmaster"
+    }
+
+    /// Whether `labels` belong to the Postgres cluster in data directory `dir`.
+    pub fn in_cluster(labels: &Labels, dir: &str) -> bool {
+        labels.app == "postgres" && labels.cluster == dir
+    }
+
+    /// `p` as its title says, when the title came from the kernel (the uretprobe) rather than
+    /// from /proc: possibly after the process exited, so `p` may hold nothing else.
+    pub fn with_title(mut p: ProcessInfo, pid: u32, title: String) -> ProcessInfo {
+        // Only postgres binaries carry the uretprobe, and only a postmaster's children send.
+        p.pid = pid;
+        p.comm = "postgres".into();
+        p.argv = vec![title.clone()];
+        p.cmdline = title;
+        p.parent_comm = Some("postgres".into());
+        p
+    }
+
     /// Learns what `p` tells about its Postgres cluster (its `cluster_name`, from the title
     /// prefix). Returns the data directory whose cluster label changed, if any: processes
     /// classified earlier under that directory (the postmaster, which has no title prefix)

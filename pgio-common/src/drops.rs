@@ -1,0 +1,48 @@
+//! Events the kernel side could not record, counted per reason in the `DROPS` per-CPU array
+//! (`pgio_events_dropped_total{reason}`).
+
+/// Counters of events the kernel side could not record, indexed by [`DropReason`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// A histogram map was full: the event was not counted.
+    HistFull = 0,
+    /// The lifecycle ring buffer was full: userspace missed a fork/exec/exit.
+    LifecycleRingFull = 1,
+    /// The in-flight request map was full: a request got no submitter.
+    InflightFull = 2,
+    /// The thread's task storage for the syscall start could not be had (out of memory, or
+    /// another BPF program on this CPU held the task storage lock): a syscall was not timed.
+    SyscallStartUnavailable = 3,
+    /// A request completed whose `block_rq_issue` pgio did not see: it is still counted, on
+    /// its submitter's series, with its device time measured from `block_io_start` (so it
+    /// includes any queue time).
+    IssueMissed = 4,
+    /// A completion whose device (`rq->q->disk`) could not be read: the request was not
+    /// counted.
+    DeviceUnreadable = 5,
+}
+
+pub const DROP_REASONS: usize = 6;
+
+impl DropReason {
+    pub const ALL: [DropReason; DROP_REASONS] = [
+        DropReason::HistFull,
+        DropReason::LifecycleRingFull,
+        DropReason::InflightFull,
+        DropReason::SyscallStartUnavailable,
+        DropReason::IssueMissed,
+        DropReason::DeviceUnreadable,
+    ];
+
+    pub const fn reason(self) -> &'static str {
+        match self {
+            DropReason::HistFull => "hist_map_full",
+            DropReason::LifecycleRingFull => "lifecycle_ring_full",
+            DropReason::InflightFull => "inflight_map_full",
+            DropReason::SyscallStartUnavailable => "syscall_start_unavailable",
+            DropReason::IssueMissed => "block_rq_issue_missed",
+            DropReason::DeviceUnreadable => "block_device_unreadable",
+        }
+    }
+}

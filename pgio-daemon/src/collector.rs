@@ -1,0 +1,134 @@
+//! One scrape: every registered source reads what it shows (its kernel maps, /sys, /proc)
+//! without holding the series lock, then each writes its metric families with the series'
+//! labels. A probe family registers one `Source` (in `main.rs`); it declares its families
+//! next to the code that fills them.
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::Result;
+use pgio_common::SeriesId;
+use tracing::warn;
+
+use crate::{
+    devices::Devices,
+    exposition::{Encoder, Format},
+    labels::Labels,
+    lock,
+    provisional::Provisional,
+    series::{SharedTracked, Tracked},
+};
+
+pub trait Source: Send + Sync {
+    /// What this source shows now. `routes` says where provisional series go.
+    fn read(&self, routes: &Provisional) -> Box<dyn Snapshot>;
+
+    /// Moves the keys of provisional series classified since out of the kernel maps (see
+    /// `fold_provisional`); only histogram sources have any.
+    fn fold(&self, _routes: &Provisional) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// One source's reading, encoded once the series lock is held.
+pub trait Snapshot: Send {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder);
+}
+
+/// What encoding looks up: who each series is, and the block devices.
+pub struct Scrape<'a> {
+    pub tracked: &'a Tracked,
+    /// Names and Longhorn volumes; the devices seen so far in this scrape.
+    pub devices: &'a mut Devices,
+}
+
+impl Scrape<'_> {
+    pub fn series(&self, id: SeriesId) -> &Labels {
+        self.tracked.registry.exported(id)
+    }
+}
+
+/// Encodes readings in order: a source that lists devices others saw (`devices::DeviceInfo`)
+/// comes after them.
+pub fn encode<'s>(
+    snapshots: impl IntoIterator<Item = &'s dyn Snapshot>,
+    tracked: &Tracked,
+    devices: &mut Devices,
+    enc: &mut Encoder,
+) {
+    devices.start_scrape();
+    let mut scrape = Scrape { tracked, devices };
+    for s in snapshots {
+        s.encode(&mut scrape, enc);
+    }
+}
+
+pub struct Collector {
+    tracked: SharedTracked,
+    devices: Mutex<Devices>,
+    sources: Vec<Box<dyn Source>>,
+    /// Size of the last exposition: the next one is written without reallocating.
+    last_len: AtomicUsize,
+}
+
+impl Collector {
+    pub fn new(tracked: SharedTracked, devices: Devices) -> Collector {
+        Collector {
+            tracked,
+            devices: Mutex::new(devices),
+            sources: Vec::new(),
+            last_len: AtomicUsize::new(64 * 1024),
+        }
+    }
+
+    pub fn register(&mut self, source: impl Source + 'static) {
+        self.sources.push(Box::new(source));
+    }
+
+    /// /metrics in `format`.
+    pub fn scrape(&self, format: Format) -> String {
+        // A copy, so discovery is not held up while the maps are read; a process classified
+        // meanwhile is still pending here and folded at the next scrape.
+        let routes = lock(&self.tracked).provisional.clone();
+        let mut devices = lock(&self.devices);
+        devices.refresh_volumes();
+        let snapshots: Vec<Box<dyn Snapshot>> =
+            self.sources.iter().map(|s| s.read(&routes)).collect();
+        let mut enc = Encoder::new(format, self.last_len.load(Ordering::Relaxed) + 4096);
+        encode(
+            snapshots.iter().map(|s| &**s),
+            &lock(&self.tracked),
+            &mut devices,
+            &mut enc,
+        );
+        let out = enc.finish();
+        self.last_len.store(out.len(), Ordering::Relaxed);
+        out
+    }
+
+    /// Moves the events of processes classified since the last pass out of their provisional
+    /// kernel keys, once a second while there are any. Waiting for the next scrape would let
+    /// them pile up: under heavy connection churn (a thousand new backends a second, a 30 s
+    /// scrape interval) they could fill the histogram maps.
+    pub fn fold_provisional(self: Arc<Collector>) {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let routes = {
+                let mut t = lock(&self.tracked);
+                if !t.provisional.take_closed_since_fold() {
+                    continue;
+                }
+                t.provisional.clone()
+            };
+            for s in &self.sources {
+                if let Err(e) = s.fold(&routes) {
+                    warn!(error = format!("{e:#}"), "folding provisional series");
+                }
+            }
+        }
+    }
+}

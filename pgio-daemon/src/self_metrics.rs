@@ -1,0 +1,160 @@
+//! pgio's own health: events the kernel side dropped, probes attached, each program's run time,
+//! lifecycle events missed, build info.
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use anyhow::Result;
+use aya::{
+    Ebpf,
+    maps::{MapData, PerCpuArray},
+};
+use pgio_common::drops::{DROP_REASONS, DropReason};
+
+use crate::{
+    collector::{Scrape, Snapshot, Source},
+    exposition::{Encoder, Family, Kind},
+    probes::{ProbeStatus, take_map},
+    provisional::Provisional,
+};
+
+const DROPS_MAP: &str = "DROPS";
+
+/// Run time, runs and recursion misses of one program (`/proc/self/fdinfo/<fd>`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub run_time_ns: u64,
+    pub runs: u64,
+    pub recursion_misses: u64,
+}
+
+pub fn program_stats(fd: RawFd) -> Option<ProgramStats> {
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some(ProgramStats {
+        run_time_ns: field("run_time_ns:"),
+        runs: field("run_cnt:"),
+        recursion_misses: field("recursion_misses:"),
+    })
+}
+
+pub struct SelfMetrics {
+    drops: PerCpuArray<MapData, u64>,
+    probes: Vec<ProbeStatus>,
+    /// (program name, fd); the fds live as long as the loaded `Ebpf`.
+    program_fds: Vec<(String, RawFd)>,
+}
+
+impl SelfMetrics {
+    pub fn take(ebpf: &mut Ebpf, probes: Vec<ProbeStatus>) -> Result<SelfMetrics> {
+        let program_fds = ebpf
+            .programs()
+            .filter_map(|(name, p)| Some((name.to_owned(), p.fd().ok()?.as_fd().as_raw_fd())))
+            .collect();
+        Ok(SelfMetrics {
+            drops: take_map(ebpf, DROPS_MAP)?,
+            probes,
+            program_fds,
+        })
+    }
+}
+
+impl Source for SelfMetrics {
+    fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
+        let mut drops = [0; DROP_REASONS];
+        for d in DropReason::ALL {
+            drops[d as usize] = self
+                .drops
+                .get(&(d as u32), 0)
+                .map(|v| v.iter().sum::<u64>())
+                .unwrap_or(0);
+        }
+        let programs = self
+            .program_fds
+            .iter()
+            .filter_map(|(name, fd)| Some((name.clone(), program_stats(*fd)?)))
+            .collect();
+        Box::new(SelfSnapshot {
+            probes: self.probes.clone(),
+            drops,
+            programs,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct SelfSnapshot {
+    pub probes: Vec<ProbeStatus>,
+    pub drops: [u64; DROP_REASONS],
+    pub programs: Vec<(String, ProgramStats)>,
+}
+
+static PROBE_ATTACHED: Family = Family {
+    name: "pgio_probe_attached",
+    help: "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
+    kind: Kind::Gauge,
+};
+static EVENTS_DROPPED: Family = Family {
+    name: "pgio_events_dropped",
+    help: "Kernel events pgio could not record, by reason.",
+    kind: Kind::Counter,
+};
+static EXITS_MISSED: Family = Family {
+    name: "pgio_exits_missed",
+    help: "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",
+    kind: Kind::Counter,
+};
+static PROGRAM_RUN_SECONDS: Family = Family {
+    name: "pgio_bpf_program_run_seconds",
+    help: "CPU time spent in each eBPF program (needs bpf_stats = true in the config, else 0).",
+    kind: Kind::Counter,
+};
+static PROGRAM_RUNS: Family = Family {
+    name: "pgio_bpf_program_runs",
+    help: "Runs of each eBPF program (needs bpf_stats = true in the config, else 0).",
+    kind: Kind::Counter,
+};
+static RECURSION_MISSES: Family = Family {
+    name: "pgio_bpf_recursion_misses",
+    help: "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
+    kind: Kind::Counter,
+};
+static BUILD_INFO: Family = Family {
+    name: "pgio_build_info",
+    help: "pgio version (value is always 1).",
+    kind: Kind::Gauge,
+};
+
+impl Snapshot for SelfSnapshot {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        let mut f = enc.family(&PROBE_ATTACHED);
+        for p in &self.probes {
+            f.gauge([("program", p.program.as_ref())], p.attached as i64);
+        }
+        let mut f = enc.family(&EVENTS_DROPPED);
+        for d in DropReason::ALL {
+            f.counter([("reason", d.reason())], self.drops[d as usize]);
+        }
+        enc.family(&EXITS_MISSED)
+            .counter((), scrape.tracked.exits_missed);
+        fn program(name: &str) -> [(&str, &str); 1] {
+            [("program", name)]
+        }
+        let mut f = enc.family(&PROGRAM_RUN_SECONDS);
+        for (name, s) in &self.programs {
+            f.counter_f64(program(name), s.run_time_ns as f64 * 1e-9);
+        }
+        let mut f = enc.family(&PROGRAM_RUNS);
+        for (name, s) in &self.programs {
+            f.counter(program(name), s.runs);
+        }
+        let mut f = enc.family(&RECURSION_MISSES);
+        for (name, s) in &self.programs {
+            f.counter(program(name), s.recursion_misses);
+        }
+        enc.family(&BUILD_INFO)
+            .gauge([("version", env!("CARGO_PKG_VERSION"))], 1);
+    }
+}

@@ -1,0 +1,392 @@
+//! The exposition as a scraper sees it, from fixed readings (no kernel): the families, label
+//! names, label sets and values pgio served before its own encoder replaced prometheus-client
+//! (`golden/`, written by that encoder), and the label rules of block series.
+use pgio_common::{
+    SeriesId,
+    block_io::{BlockMetric, BlockOp, mkdev},
+    drops::DROP_REASONS,
+    hist::{Bucket, slot},
+    syscall::{Cache, Syscall},
+};
+use pgio_daemon::{
+    block_io::{BlockIoId, BlockIoSnapshot},
+    collector::{self, Snapshot},
+    devices::{DeviceInfo, Devices},
+    exposition::{Encoder, Format},
+    hist::Log2Hist,
+    labels::Labels,
+    probes::ProbeStatus,
+    self_metrics::{ProgramStats, SelfSnapshot},
+    series::{Tracked, TrackedProcesses},
+    syscall::{SyscallId, SyscallSnapshot},
+};
+
+/// Fixed readings of every source, in the order `pgio-daemon run` registers them.
+#[derive(Default)]
+struct Readings {
+    block: BlockIoSnapshot,
+    syscalls: SyscallSnapshot,
+    self_metrics: SelfSnapshot,
+    tracked: Tracked,
+    names: Vec<(u32, String)>,
+    volumes: Vec<(u32, String)>,
+}
+
+fn exposition(r: &Readings, format: Format) -> String {
+    let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
+    let mut enc = Encoder::new(format, 0);
+    let sources: [&dyn Snapshot; 5] = [
+        &r.block,
+        &r.syscalls,
+        &TrackedProcesses,
+        &DeviceInfo,
+        &r.self_metrics,
+    ];
+    collector::encode(sources, &r.tracked, &mut devices, &mut enc);
+    enc.finish()
+}
+
+fn block(series: SeriesId, dev: u32, op: BlockOp, metric: BlockMetric) -> BlockIoId {
+    BlockIoId {
+        series,
+        dev,
+        op,
+        metric,
+    }
+}
+
+fn h(seed: u64, bytes: u64) -> Log2Hist {
+    let mut h = Log2Hist::default();
+    for i in 0..5u64 {
+        let ns = 700 << ((seed * 3 + i * 5) % 40);
+        h.add(
+            slot(ns),
+            &Bucket {
+                count: 1 + i + seed,
+                sum: ns * (1 + i + seed),
+                bytes,
+            },
+        );
+    }
+    h
+}
+
+/// Every family with samples, hostile label values, Longhorn volumes, a device seen only as
+/// a volume: what `golden/` was written from.
+fn golden_readings() -> Readings {
+    let mut r = Readings::default();
+    let t = &mut r.tracked;
+    let pg = t.registry.intern(Labels {
+        app: "postgres".into(),
+        role: "client backend".into(),
+        database: "we\"ird\nname\\ x".into(),
+        user: "ünï 🐘".into(),
+        cluster: "15/main".into(),
+        volume: String::new(),
+    });
+    let ckpt = t.registry.intern(Labels {
+        cluster: "/tmp/d a\"ta".into(),
+        ..Labels::app_role("postgres", "checkpointer")
+    });
+    let rep = t.registry.intern(Labels {
+        volume: "pvc-a".into(),
+        ..Labels::app_role("longhorn", "replica")
+    });
+    let kw = t.registry.intern(Labels::app_role("kernel", "kworker"));
+    for (pid, s) in [
+        (100, pg),
+        (101, pg),
+        (102, ckpt),
+        (200, rep),
+        (201, rep),
+        (300, kw),
+    ] {
+        t.pids.insert(pid, s);
+    }
+    t.exits_missed = 3;
+    let (vda, sdb, loop0) = (mkdev(254, 0), mkdev(8, 16), mkdev(7, 0));
+    let mut n = 0;
+    for (s, dev, op) in [
+        (pg, sdb, BlockOp::Read),
+        (pg, sdb, BlockOp::Write),
+        (rep, vda, BlockOp::Read),
+        (kw, vda, BlockOp::Write),
+        (SeriesId::UNTRACKED, loop0, BlockOp::Flush),
+        (ckpt, loop0, BlockOp::WriteZeroes),
+    ] {
+        n += 1;
+        let hists = &mut r.block.0;
+        hists.insert(block(s, dev, op, BlockMetric::Device), h(n, 8192));
+        if n % 2 == 0 {
+            hists.insert(block(s, dev, op, BlockMetric::Queue), h(n + 7, 0));
+        }
+    }
+    let unmatched = |count| {
+        let mut u = Log2Hist::default();
+        u.slots[0] = count;
+        u
+    };
+    let untracked = SeriesId::UNTRACKED;
+    let hists = &mut r.block.0;
+    hists.insert(
+        block(untracked, loop0, BlockOp::Write, BlockMetric::Unmatched),
+        unmatched(100),
+    );
+    hists.insert(
+        block(untracked, vda, BlockOp::Flush, BlockMetric::Unmatched),
+        unmatched(7),
+    );
+    for (s, sc, cache) in [
+        (pg, Syscall::Pread64, Cache::Hit),
+        (pg, Syscall::Pread64, Cache::Miss),
+        (pg, Syscall::Fsync, Cache::None),
+        (pg, Syscall::Futex, Cache::None),
+        (rep, Syscall::Pread64, Cache::Miss),
+        (rep, Syscall::FutexWaitv, Cache::None),
+        (ckpt, Syscall::Pwritev2, Cache::None),
+    ] {
+        n += 1;
+        let id = SyscallId {
+            series: s,
+            syscall: sc as u8,
+            cache,
+        };
+        r.syscalls.0.insert(id, h(n, 0));
+    }
+    r.names = [
+        (vda, "vda"),
+        (sdb, "sdb"),
+        (loop0, "loop0"),
+        (mkdev(8, 32), "sdc"),
+    ]
+    .map(|(d, n)| (d, n.to_owned()))
+    .to_vec();
+    r.volumes = vec![(sdb, "pvc-b".into()), (mkdev(8, 32), "pvc-\"c\"\n".into())];
+    r.self_metrics = SelfSnapshot {
+        probes: vec![
+            ProbeStatus {
+                program: "block_io_start".into(),
+                attached: true,
+            },
+            ProbeStatus {
+                program: "sys_enter_futex_waitv".into(),
+                attached: false,
+            },
+        ],
+        drops: [1, 0, 2, 0, 5, 0],
+        programs: vec![
+            (
+                "block_rq_complete".into(),
+                ProgramStats {
+                    run_time_ns: 123456789,
+                    runs: 1000,
+                    recursion_misses: 2,
+                },
+            ),
+            (
+                "sys_enter_pread64".into(),
+                ProgramStats {
+                    run_time_ns: 5,
+                    runs: 1,
+                    recursion_misses: 0,
+                },
+            ),
+        ],
+    };
+    const _: () = assert!(DROP_REASONS == 6);
+    r
+}
+
+/// The exposition cut into families (HELP, TYPE, samples), sorted by name; `# EOF` apart.
+fn families(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines().filter(|l| *l != "# EOF") {
+        if line.starts_with("# HELP ") || out.is_empty() {
+            out.push(String::new());
+        }
+        let f = out.last_mut().expect("a family");
+        f.push_str(line);
+        f.push('\n');
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn both_formats_equal_what_pgio_served_before_family_by_family() {
+    let r = golden_readings();
+    for (format, golden) in [
+        (Format::Prometheus, include_str!("golden/exposition.txt")),
+        (
+            Format::OpenMetrics,
+            include_str!("golden/exposition.openmetrics"),
+        ),
+    ] {
+        let text = exposition(&r, format);
+        let (got, want) = (families(&text), families(golden));
+        assert_eq!(got.len(), 16, "{format:?}: families");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g, w, "{format:?}");
+        }
+        assert_eq!(got, want, "{format:?}");
+        assert_eq!(
+            text.ends_with("# EOF\n"),
+            format == Format::OpenMetrics,
+            "{format:?}"
+        );
+    }
+}
+
+/// Label names of a sample line, in order; panics on a malformed line.
+fn label_names(line: &str) -> Vec<String> {
+    let Some(start) = line.find('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut rest = &line[start + 1..];
+    loop {
+        let (name, after) = rest.split_once("=\"").expect(line);
+        names.push(name.to_owned());
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next().expect(line) {
+                (_, '\\') => {
+                    chars.next();
+                }
+                (i, '"') => break i,
+                _ => {}
+            }
+        };
+        rest = &after[end + 1..];
+        if let Some(r) = rest.strip_prefix(',') {
+            rest = r;
+        } else {
+            assert!(rest.starts_with("} "), "{line}");
+            return names;
+        }
+    }
+}
+
+fn one_request() -> Log2Hist {
+    let mut h = Log2Hist::default();
+    h.add(
+        slot(100_000),
+        &Bucket {
+            count: 1,
+            sum: 100_000,
+            bytes: 4096,
+        },
+    );
+    h
+}
+
+/// A replica (volume pvc-a) reads its backing disk vda and, like a Postgres backend
+/// (no volume), the Longhorn device sdb of volume pvc-b.
+fn longhorn_fixture(replica_volume: &str, device_volume: &str) -> Readings {
+    let mut r = Readings::default();
+    let replica = r.tracked.registry.intern(Labels {
+        volume: replica_volume.into(),
+        ..Labels::app_role("longhorn", "replica")
+    });
+    let backend = r
+        .tracked
+        .registry
+        .intern(Labels::app_role("postgres", "client backend"));
+    let (vda, sdb) = (mkdev(253, 0), mkdev(8, 16));
+    for (series, dev) in [(replica, vda), (replica, sdb), (backend, sdb)] {
+        for metric in [BlockMetric::Device, BlockMetric::Queue] {
+            let id = block(series, dev, BlockOp::Read, metric);
+            r.block.0.insert(id, one_request());
+        }
+    }
+    r.names = vec![(vda, "vda".into()), (sdb, "sdb".into())];
+    r.volumes = vec![(sdb, device_volume.into())];
+    r
+}
+
+fn samples<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| l.starts_with(prefix) && !l.contains("_bucket{"))
+        .collect()
+}
+
+#[test]
+fn block_series_volume_is_the_devices_else_the_submitters() {
+    let text = exposition_text_checked(longhorn_fixture("pvc-a", "pvc-b"));
+    for family in [
+        "pgio_block_io_device_seconds_count",
+        "pgio_block_io_queue_seconds_count",
+        "pgio_block_io_requests_total",
+        "pgio_block_io_bytes_total",
+    ] {
+        let lines = samples(&text, &format!("{family}{{"));
+        assert_eq!(
+            lines
+                .iter()
+                .map(|l| l.rsplit_once(' ').map(|s| s.0))
+                .collect::<Vec<_>>(),
+            [
+                Some(&*format!(
+                    "{family}{{device=\"sdb\",op=\"read\",app=\"longhorn\",role=\"replica\",volume=\"pvc-b\"}}"
+                )),
+                Some(&*format!(
+                    "{family}{{device=\"vda\",op=\"read\",app=\"longhorn\",role=\"replica\",volume=\"pvc-a\"}}"
+                )),
+                Some(&*format!(
+                    "{family}{{device=\"sdb\",op=\"read\",app=\"postgres\",role=\"client backend\",volume=\"pvc-b\"}}"
+                )),
+            ],
+            "{text}"
+        );
+    }
+    let info = samples(&text, "pgio_device_info{");
+    assert_eq!(
+        info,
+        [
+            "pgio_device_info{device=\"sdb\",major=\"8\",minor=\"16\",volume=\"pvc-b\"} 1",
+            "pgio_device_info{device=\"vda\",major=\"253\",minor=\"0\"} 1",
+        ],
+        "{text}"
+    );
+}
+
+/// Encodes, and checks every line: a comment or a pgio sample whose label names are
+/// unique.
+fn exposition_text_checked(r: Readings) -> String {
+    let text = exposition(&r, Format::Prometheus);
+    for line in text.lines() {
+        if line.starts_with("# ") {
+            continue;
+        }
+        assert!(line.starts_with("pgio_"), "{line}");
+        let names = label_names(line);
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(names.len(), unique.len(), "duplicate label name: {line}");
+    }
+    text
+}
+
+#[test]
+fn no_volume_anywhere_means_no_volume_label() {
+    let text = exposition_text_checked(longhorn_fixture("", ""));
+    assert!(!text.contains("volume="), "{text}");
+}
+
+#[test]
+fn hostile_volume_names_stay_escaped_on_one_line() {
+    let hostile = "pvc-\"x\"\n# EOF\\ ü} 1";
+    let text = exposition_text_checked(longhorn_fixture(hostile, hostile));
+    let escaped = r#"volume="pvc-\"x\"\n# EOF\\ ü} 1""#;
+    // Every block sample (the replica's on vda too) and sdb's device_info carry it.
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("pgio_") && l.contains("device=\""))
+        .filter(|l| !l.starts_with("pgio_device_info{device=\"vda\""))
+        .collect();
+    assert!(lines.len() > 3 * 4, "{text}");
+    for line in lines {
+        assert!(line.contains(escaped), "{line}");
+    }
+}

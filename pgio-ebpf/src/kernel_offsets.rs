@@ -1,0 +1,25 @@
+//! Struct field offsets from the running kernel's BTF, written into a global by userspace at
+//! load (Rust eBPF has no CO-RE field relocations yet). Used by `block_io` (request, queue,
+//! disk) and `lifecycle` (task, mm).
+use pgio_common::kernel_offsets::KernelOffsets;
+
+/// Set by userspace at load (`EbpfLoader::override_global`).
+#[unsafe(no_mangle)]
+static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
+    request_cmd_flags: 0,
+    request_q: 0,
+    queue_disk: 0,
+    gendisk_major: 0,
+    gendisk_first_minor: 0,
+    task_pid: 0,
+    task_tgid: 0,
+    task_mm: 0,
+    mm_arg_start: 0,
+    _pad: 0,
+};
+
+#[inline(always)]
+pub fn offsets() -> KernelOffsets {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    unsafe { core::ptr::read_volatile(&KERNEL_OFFSETS) }
+}
