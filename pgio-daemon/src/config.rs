@@ -12,8 +12,7 @@ use toml::Spanned;
 
 use crate::classifier::rules::Rule;
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug)]
 pub struct Config {
     /// Address of the HTTP server (`/metrics`, `/healthz`).
     pub listen: SocketAddr,
@@ -30,14 +29,26 @@ pub struct Config {
     /// `""` to turn the lookup off; in a container, point it at the host's `/dev/longhorn`.
     pub longhorn_device_dir: String,
     /// User rules, checked before the built-in ones.
-    #[serde(rename = "rule")]
     pub rules: Vec<RuleConfig>,
+}
+
+/// The file as written: every field optional, and where the checked values stand, for
+/// `file:line:` errors.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Option<SocketAddr>,
+    rescan_interval_secs: Option<Spanned<u64>>,
+    bpf_stats: Option<bool>,
+    longhorn_device_dir: Option<Spanned<String>>,
+    #[serde(default)]
+    rule: Vec<RuleConfig>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
-    pub app: String,
+    pub app: Spanned<String>,
     #[serde(default)]
     pub role: String,
     pub comm: Option<Spanned<String>>,
@@ -89,17 +100,17 @@ impl Config {
             line: line_of(text, offset),
             message,
         };
-        let config: Config = toml::from_str(text).map_err(|e| {
+        let file: File = toml::from_str(text).map_err(|e| {
             let offset = e.span().map(|s| s.start).unwrap_or(0);
             invalid(offset, e.message().to_owned())
         })?;
-        for rule in &config.rules {
+        for rule in &file.rule {
             if rule.comm.is_none() && rule.exe.is_none() && rule.cmdline.is_none() {
                 return Err(invalid(
-                    find_rule_offset(text, &rule.app),
+                    rule.app.span().start,
                     format!(
                         "rule for app {:?} needs at least one of `comm`, `exe`, `cmdline`",
-                        rule.app
+                        rule.app.get_ref()
                     ),
                 ));
             }
@@ -108,22 +119,38 @@ impl Config {
                     .map_err(|e| invalid(r.span().start, format!("invalid regex: {e}")))?;
             }
         }
-        if config.rescan_interval_secs == 0 {
+        if let Some(s) = &file.rescan_interval_secs
+            && *s.get_ref() == 0
+        {
             return Err(invalid(
-                text.find("rescan_interval_secs").unwrap_or(0),
+                s.span().start,
                 "rescan_interval_secs must be at least 1".into(),
             ));
         }
-        if !config.longhorn_device_dir.is_empty() && !config.longhorn_device_dir.starts_with('/') {
+        if let Some(dir) = &file.longhorn_device_dir
+            && !dir.get_ref().is_empty()
+            && !dir.get_ref().starts_with('/')
+        {
             return Err(invalid(
-                key_offset(text, "longhorn_device_dir"),
+                dir.span().start,
                 format!(
                     "longhorn_device_dir must be an absolute path (or \"\" to turn it off), not {:?}",
-                    config.longhorn_device_dir
+                    dir.get_ref()
                 ),
             ));
         }
-        Ok(config)
+        let default = Config::default();
+        Ok(Config {
+            listen: file.listen.unwrap_or(default.listen),
+            rescan_interval_secs: file
+                .rescan_interval_secs
+                .map_or(default.rescan_interval_secs, Spanned::into_inner),
+            bpf_stats: file.bpf_stats.unwrap_or(default.bpf_stats),
+            longhorn_device_dir: file
+                .longhorn_device_dir
+                .map_or(default.longhorn_device_dir, Spanned::into_inner),
+            rules: file.rule,
+        })
     }
 
     /// The Longhorn device directory, None when turned off.
@@ -142,7 +169,7 @@ impl Config {
         self.rules
             .iter()
             .map(|r| Rule {
-                app: r.app.clone(),
+                app: r.app.get_ref().clone(),
                 role: r.role.clone(),
                 comm: re(&r.comm),
                 exe: re(&r.exe),
@@ -154,26 +181,6 @@ impl Config {
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-/// Offset of the line that sets top-level `key` (not a comment mentioning it).
-fn key_offset(text: &str, key: &str) -> usize {
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let rest = line.trim_start();
-        if rest
-            .strip_prefix(key)
-            .is_some_and(|r| r.trim_start().starts_with('='))
-        {
-            return offset + (line.len() - rest.len());
-        }
-        offset += line.len();
-    }
-    0
-}
-
-fn find_rule_offset(text: &str, app: &str) -> usize {
-    text.find(&format!("\"{app}\"")).unwrap_or(0)
 }
 
 #[cfg(test)]
