@@ -776,12 +776,12 @@ fn report(
     }
     let _ = writeln!(
         r,
-        "\n`metrics_5000_series_*`: 5,036 sample lines (52 label sets × pread64 hit/miss + futex \
+        "\n`metrics_5000_series_*`: 5,004 sample lines (52 label sets × pread64 hit/miss + futex \
          histograms, block histograms on 4 devices); target ≤ 5 ms. `_openmetrics` is what \
          Prometheus asks for, `_text` the 0.0.4 text format other scrapers get. \
          `_prometheus_client`: the same families encoded as pgio did before its own encoder \
          (prometheus-client's OpenMetrics, rewritten into 0.0.4 text for `_text`), the baseline. \
-         `metrics_5000_label_sets_*`: 5,000 label sets (483,010 lines, 78 MB) for scale.\n"
+         `metrics_5000_label_sets_*`: 5,000 label sets (483,004 lines, 78 MB) for scale.\n"
     );
     let _ = writeln!(r, "Reproduce: `cargo xtask bench` (as root; ~12 minutes).");
     r
