@@ -13,13 +13,15 @@ use pgio_daemon::{
     block_io::{BlockIoId, BlockIoSnapshot},
     classifier::{Classifier, ProcessInfo, rules::Rule},
     collector::{self, Snapshot},
-    devices::{DeviceInfo, Devices},
+    device_info::DeviceInfo,
+    devices::Devices,
     exposition::{Encoder, Format},
     hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds},
     labels::Labels,
     proc_scan::classify_all,
-    series::{Tracked, TrackedProcesses},
+    series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
+    tracked_processes::TrackedProcesses,
 };
 
 fn hist(seed: u64) -> Log2Hist {

@@ -9,12 +9,6 @@ use std::{
 use pgio_common::block_io::{dev_major, dev_minor, mkdev};
 use tracing::warn;
 
-use crate::{
-    collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
-    provisional::Provisional,
-};
-
 /// Device names and Longhorn volumes for one scrape, and the devices it has seen so far
 /// (`pgio_device_info` lists them).
 #[derive(Debug, Default)]
@@ -49,7 +43,7 @@ impl Devices {
     }
 
     /// Longhorn devices are listed before their first IO.
-    pub(crate) fn start_scrape(&mut self) {
+    pub fn start_scrape(&mut self) {
         self.seen.clear();
         let volume_devs: Vec<u32> = self.volumes.iter().map(|(d, _)| d).collect();
         for dev in volume_devs {
@@ -70,41 +64,14 @@ impl Devices {
         self.seen.get(&dev).map_or("", String::as_str)
     }
 
+    /// (dev, name) of every device seen in this scrape.
+    pub fn seen(&self) -> impl Iterator<Item = (u32, &str)> {
+        self.seen.iter().map(|(d, n)| (*d, n.as_str()))
+    }
+
     /// The Longhorn volume `dev` is, as of the last refresh.
     pub fn volume(&self, dev: u32) -> Option<&str> {
         self.volumes.volume(dev)
-    }
-}
-
-static DEVICE_INFO: Family = Family {
-    name: "pgio_device_info",
-    help: "Block devices seen by pgio, and Longhorn volume devices: name, kernel major:minor and the Longhorn volume it is, if any (value is always 1).",
-    kind: Kind::Gauge,
-};
-
-/// `pgio_device_info`: register after the sources that see devices.
-pub struct DeviceInfo;
-
-impl Source for DeviceInfo {
-    fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
-        Box::new(DeviceInfo)
-    }
-}
-
-impl Snapshot for DeviceInfo {
-    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
-        let devices = &*scrape.devices;
-        let mut family = enc.family(&DEVICE_INFO);
-        for (dev, name) in &devices.seen {
-            let (major, minor) = (dev_major(*dev).to_string(), dev_minor(*dev).to_string());
-            let labels = [
-                ("device", name.as_str()),
-                ("major", &major),
-                ("minor", &minor),
-                ("volume", devices.volume(*dev).unwrap_or("")),
-            ];
-            family.gauge(labels, 1);
-        }
     }
 }
 

@@ -12,6 +12,7 @@ pub mod check;
 pub mod classifier;
 pub mod collector;
 pub mod config;
+pub mod device_info;
 pub mod devices;
 pub mod discovery;
 pub mod exposition;
@@ -20,6 +21,7 @@ pub mod http;
 pub mod kernel_offsets;
 pub mod labels;
 pub mod lifecycle;
+pub mod maps;
 pub mod probes;
 pub mod proc_scan;
 pub mod provisional;
@@ -28,6 +30,7 @@ pub mod self_metrics;
 pub mod series;
 pub mod syscall;
 pub mod tracefs;
+pub mod tracked_processes;
 
 /// A panic while holding one of pgio's locks leaves plain data that is still consistent
 /// enough to read: carry on rather than poison every later scrape.

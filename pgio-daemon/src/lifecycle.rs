@@ -17,7 +17,8 @@ use tracing::{info, warn};
 
 use crate::{
     lock,
-    probes::{Attach, TITLE, take_map},
+    maps::take_map,
+    probes::{Attach, TITLE},
 };
 
 const RING_MAP: &str = "LIFECYCLE";

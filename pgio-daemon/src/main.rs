@@ -15,12 +15,14 @@ use pgio_daemon::{
     classifier::Classifier,
     collector::Collector,
     config::Config,
-    devices::{DeviceInfo, Devices},
+    device_info::DeviceInfo,
+    devices::Devices,
     discovery::Discovery,
     http, lifecycle, probes,
     self_metrics::{self, SelfMetrics},
-    series::{KernelSeries, SharedTracked, TrackedProcesses},
+    series::{KernelSeries, SharedTracked},
     syscall, tracefs,
+    tracked_processes::TrackedProcesses,
 };
 
 #[derive(Parser)]

@@ -7,7 +7,6 @@ use std::borrow::Cow;
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Map, MapError},
     programs::{BtfTracePoint, TracePoint, UProbe},
 };
 use pgio_common::{kernel_offsets::KernelOffsets, syscall::Syscall};
@@ -110,17 +109,6 @@ pub struct ProbeStatus {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
-}
-
-/// A map of the object, as the type its family reads it with.
-pub fn take_map<T>(ebpf: &mut Ebpf, name: &str) -> Result<T>
-where
-    T: TryFrom<Map, Error = MapError>,
-{
-    let map = ebpf
-        .take_map(name)
-        .with_context(|| format!("map {name} missing from the eBPF object"))?;
-    T::try_from(map).with_context(|| format!("map {name}"))
 }
 
 fn require_object() -> Result<()> {

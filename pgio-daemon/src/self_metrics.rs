@@ -12,7 +12,8 @@ use pgio_common::drops::{DROP_REASONS, DropReason};
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
-    probes::{ProbeStatus, take_map},
+    maps::take_map,
+    probes::ProbeStatus,
     provisional::Provisional,
 };
 

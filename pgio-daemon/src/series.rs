@@ -2,7 +2,7 @@
 //! `tgid → series` map. Ids are never reused, so histograms keyed by series stay monotonic
 //! when processes exit. `Tracked` is what discovery keeps current and every scrape reads.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex},
 };
 
@@ -13,13 +13,7 @@ use aya::{
 };
 use pgio_common::SeriesId;
 
-use crate::{
-    collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
-    labels::Labels,
-    probes::take_map,
-    provisional::Provisional,
-};
+use crate::{labels::Labels, maps::take_map, provisional::Provisional};
 
 #[derive(Debug)]
 pub struct SeriesRegistry {
@@ -113,35 +107,6 @@ impl KernelSeries {
     /// series, nonzero). Ids past the array's end just keep inheriting the parent's series.
     pub fn set_children(&mut self, parent: SeriesId, child: SeriesId) {
         let _ = self.child.set(parent.0, child, 0);
-    }
-}
-
-static TRACKED_PROCESSES: Family = Family {
-    name: "pgio_tracked_processes",
-    help: "Processes pgio tracks now, by series.",
-    kind: Kind::Gauge,
-};
-
-/// `pgio_tracked_processes`, from the registry at encoding time.
-pub struct TrackedProcesses;
-
-impl Source for TrackedProcesses {
-    fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
-        Box::new(TrackedProcesses)
-    }
-}
-
-impl Snapshot for TrackedProcesses {
-    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
-        let tracked = scrape.tracked;
-        let mut per_series: BTreeMap<SeriesId, i64> = BTreeMap::new();
-        for id in tracked.pids.values() {
-            *per_series.entry(*id).or_default() += 1;
-        }
-        let mut family = enc.family(&TRACKED_PROCESSES);
-        for (id, n) in per_series {
-            family.gauge(tracked.registry.exported(id), n);
-        }
     }
 }
 

@@ -13,7 +13,7 @@ use crate::{
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
     labels::WithLabels,
-    probes::take_map,
+    maps::take_map,
     provisional::Provisional,
 };
 

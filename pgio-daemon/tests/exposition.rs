@@ -11,14 +11,16 @@ use pgio_common::{
 use pgio_daemon::{
     block_io::{BlockIoId, BlockIoSnapshot},
     collector::{self, Snapshot},
-    devices::{DeviceInfo, Devices},
+    device_info::DeviceInfo,
+    devices::Devices,
     exposition::{Encoder, Format},
     hist::Log2Hist,
     labels::Labels,
     probes::ProbeStatus,
     self_metrics::{ProgramStats, SelfSnapshot},
-    series::{Tracked, TrackedProcesses},
+    series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
+    tracked_processes::TrackedProcesses,
 };
 
 /// Fixed readings of every source, in the order `pgio-daemon run` registers them.
