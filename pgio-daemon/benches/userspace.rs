@@ -375,22 +375,25 @@ fn titles() -> Vec<ProcessInfo> {
 
 fn classifier() -> Classifier {
     let re = |s: &str| Some(regex::Regex::new(s).expect("regex"));
-    Classifier::new(vec![
-        Rule {
-            app: "fio".into(),
-            role: "bench".into(),
-            comm: re("^fio$"),
-            exe: None,
-            cmdline: None,
-        },
-        Rule {
-            app: "pgbouncer".into(),
-            role: String::new(),
-            comm: re("^pgbouncer$"),
-            exe: None,
-            cmdline: re("pgbouncer"),
-        },
-    ])
+    Classifier::new(
+        vec![
+            Rule {
+                app: "fio".into(),
+                role: "bench".into(),
+                comm: re("^fio$"),
+                exe: None,
+                cmdline: None,
+            },
+            Rule {
+                app: "pgbouncer".into(),
+                role: String::new(),
+                comm: re("^pgbouncer$"),
+                exe: None,
+                cmdline: re("pgbouncer"),
+            },
+        ],
+        None,
+    )
 }
 
 fn classify(c: &mut Criterion) {

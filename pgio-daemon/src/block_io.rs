@@ -48,6 +48,10 @@ impl HistKey for BlockIoKey {
             metric: BlockMetric::from_u8(self.metric),
         }
     }
+
+    fn series_of(id: &BlockIoId) -> SeriesId {
+        id.series
+    }
 }
 
 pub struct BlockIo {

@@ -69,6 +69,9 @@ pub fn encode<'s>(
 
 pub struct Collector {
     tracked: SharedTracked,
+    /// One map-reading pass at a time (scrape or fold): a pass that deletes a retired series'
+    /// keys frees its id, and no other pass may still hold it as retired once it is reused.
+    pass: Mutex<()>,
     devices: Mutex<Devices>,
     sources: Vec<Box<dyn Source>>,
     /// Size of the last exposition: the next one is written without reallocating.
@@ -79,6 +82,7 @@ impl Collector {
     pub fn new(tracked: SharedTracked, devices: Devices) -> Collector {
         Collector {
             tracked,
+            pass: Mutex::new(()),
             devices: Mutex::new(devices),
             sources: Vec::new(),
             last_len: AtomicUsize::new(64 * 1024),
@@ -93,15 +97,19 @@ impl Collector {
     pub fn scrape(&self, format: Format) -> String {
         // A copy, so discovery is not held up while the maps are read; a process classified
         // meanwhile is still pending here and folded at the next scrape.
+        let pass = lock(&self.pass);
         let routes = lock(&self.tracked).provisional.clone();
         let mut devices = lock(&self.devices);
         devices.refresh_volumes();
         let snapshots: Vec<Box<dyn Snapshot>> =
             self.sources.iter().map(|s| s.read(&routes)).collect();
         let mut enc = Encoder::new(format, self.last_len.load(Ordering::Relaxed) + 4096);
+        let mut tracked = lock(&self.tracked);
+        tracked.free_retired(&routes.retired);
+        drop(pass);
         encode(
             snapshots.iter().map(|s| &**s),
-            &lock(&self.tracked),
+            &tracked,
             &mut devices,
             &mut enc,
         );
@@ -117,9 +125,10 @@ impl Collector {
     pub fn fold_provisional(self: Arc<Collector>) {
         loop {
             std::thread::sleep(Duration::from_secs(1));
+            let _pass = lock(&self.pass);
             let routes = {
                 let mut t = lock(&self.tracked);
-                if !t.provisional.take_closed_since_fold() {
+                if !t.provisional.take_closed_since_fold() && t.provisional.retired.is_empty() {
                     continue;
                 }
                 t.provisional.clone()
@@ -129,6 +138,7 @@ impl Collector {
                     warn!(error = format!("{e:#}"), "folding provisional series");
                 }
             }
+            lock(&self.tracked).free_retired(&routes.retired);
         }
     }
 }

@@ -10,7 +10,7 @@ use regex::Regex;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::classifier::rules::Rule;
+use crate::{classifier::rules::Rule, pods::Pods};
 
 #[derive(Debug)]
 pub struct Config {
@@ -28,6 +28,17 @@ pub struct Config {
     /// device's volume when the device is one, else the submitting process' volume. Set to
     /// `""` to turn the lookup off; in a container, point it at the host's `/dev/longhorn`.
     pub longhorn_device_dir: String,
+    /// Kubernetes labels `namespace`, `pod`, `container` on the series of processes in a pod,
+    /// from their cgroup and the kubelet's log directories (see `pods`).
+    pub pod_labels: bool,
+    /// The kubelet's `/var/log/pods` (`<namespace>_<pod>_<uid>/<container>/`).
+    pub pod_log_dir: String,
+    /// The kubelet's `/var/log/containers` (`<pod>_<namespace>_<container>-<id>.log`).
+    pub container_log_dir: String,
+    /// A series with pod labels whose processes are all gone is exported this long, then
+    /// dropped (its kernel map entries deleted, its id reused): pods churn, series must not
+    /// pile up.
+    pub pod_series_retention_secs: u64,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,
 }
@@ -41,6 +52,10 @@ struct File {
     rescan_interval_secs: Option<Spanned<u64>>,
     bpf_stats: Option<bool>,
     longhorn_device_dir: Option<Spanned<String>>,
+    pod_labels: Option<bool>,
+    pod_log_dir: Option<Spanned<String>>,
+    container_log_dir: Option<Spanned<String>>,
+    pod_series_retention_secs: Option<Spanned<u64>>,
     #[serde(default)]
     rule: Vec<RuleConfig>,
 }
@@ -63,6 +78,10 @@ impl Default for Config {
             rescan_interval_secs: 10,
             bpf_stats: false,
             longhorn_device_dir: DEFAULT_LONGHORN_DEVICE_DIR.to_owned(),
+            pod_labels: true,
+            pod_log_dir: "/var/log/pods".to_owned(),
+            container_log_dir: "/var/log/containers".to_owned(),
+            pod_series_retention_secs: 300,
             rules: Vec::new(),
         }
     }
@@ -139,6 +158,27 @@ impl Config {
                 ),
             ));
         }
+        for (key, dir) in [
+            ("pod_log_dir", &file.pod_log_dir),
+            ("container_log_dir", &file.container_log_dir),
+        ] {
+            if let Some(dir) = dir
+                && !dir.get_ref().starts_with('/')
+            {
+                return Err(invalid(
+                    dir.span().start,
+                    format!("{key} must be an absolute path, not {:?}", dir.get_ref()),
+                ));
+            }
+        }
+        if let Some(s) = &file.pod_series_retention_secs
+            && *s.get_ref() == 0
+        {
+            return Err(invalid(
+                s.span().start,
+                "pod_series_retention_secs must be at least 1".into(),
+            ));
+        }
         let default = Config::default();
         Ok(Config {
             listen: file.listen.unwrap_or(default.listen),
@@ -149,6 +189,16 @@ impl Config {
             longhorn_device_dir: file
                 .longhorn_device_dir
                 .map_or(default.longhorn_device_dir, Spanned::into_inner),
+            pod_labels: file.pod_labels.unwrap_or(default.pod_labels),
+            pod_log_dir: file
+                .pod_log_dir
+                .map_or(default.pod_log_dir, Spanned::into_inner),
+            container_log_dir: file
+                .container_log_dir
+                .map_or(default.container_log_dir, Spanned::into_inner),
+            pod_series_retention_secs: file
+                .pod_series_retention_secs
+                .map_or(default.pod_series_retention_secs, Spanned::into_inner),
             rules: file.rule,
         })
     }
@@ -156,6 +206,16 @@ impl Config {
     /// The Longhorn device directory, None when turned off.
     pub fn longhorn_device_dir(&self) -> Option<PathBuf> {
         (!self.longhorn_device_dir.is_empty()).then(|| PathBuf::from(&self.longhorn_device_dir))
+    }
+
+    /// Where pod names come from; `None` when pod labels are off.
+    pub fn pods(&self) -> Option<Pods> {
+        self.pod_labels
+            .then(|| Pods::new(&self.pod_log_dir, &self.container_log_dir))
+    }
+
+    pub fn pod_series_retention(&self) -> Duration {
+        Duration::from_secs(self.pod_series_retention_secs)
     }
 
     pub fn rescan_interval(&self) -> Duration {
@@ -275,6 +335,37 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.starts_with("c.toml:2: "), "{msg}");
         assert!(msg.contains("string"), "{msg}");
+    }
+
+    #[test]
+    fn pod_settings_default_set_and_errors() {
+        let c = Config::default();
+        assert!(c.pod_labels);
+        assert_eq!(c.pod_log_dir, "/var/log/pods");
+        assert_eq!(c.container_log_dir, "/var/log/containers");
+        assert_eq!(c.pod_series_retention(), Duration::from_secs(300));
+        let c = Config::parse(
+            "pod_labels = false\npod_log_dir = \"/host/pods\"\npod_series_retention_secs = 5\n",
+            "c.toml",
+        )
+        .expect("valid");
+        assert!(!c.pod_labels && c.pods().is_none());
+        assert_eq!(c.pod_log_dir, "/host/pods");
+        assert_eq!(c.pod_series_retention_secs, 5);
+        for (text, want) in [
+            (
+                "\n\ncontainer_log_dir = \"logs\"\n",
+                "c.toml:3: container_log_dir must be an absolute path",
+            ),
+            (
+                "pod_series_retention_secs = 0\n",
+                "c.toml:1: pod_series_retention_secs must be at least 1",
+            ),
+            ("\npod_labels = \"yes\"\n", "c.toml:2: "),
+        ] {
+            let msg = Config::parse(text, "c.toml").expect_err(text).to_string();
+            assert!(msg.starts_with(want), "{text:?}: {msg}");
+        }
     }
 
     #[test]

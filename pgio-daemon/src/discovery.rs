@@ -35,6 +35,8 @@ pub struct Discovery {
     titles: Option<TitleProbe>,
     schedule: Schedule,
     self_pid: u32,
+    /// How long a pod's series outlives its last process (see `series`).
+    pod_series_retention: Duration,
 }
 
 impl Discovery {
@@ -43,6 +45,7 @@ impl Discovery {
         shared: SharedTracked,
         kernel: KernelSeries,
         titles: Option<TitleProbe>,
+        pod_series_retention: Duration,
     ) -> Discovery {
         {
             let mut t = lock(&shared);
@@ -55,6 +58,7 @@ impl Discovery {
             titles,
             schedule: Schedule::default(),
             self_pid: std::process::id(),
+            pod_series_retention,
         }
     }
 
@@ -62,6 +66,7 @@ impl Discovery {
     /// their exit events, if any, are already in the ring (a process leaves /proc only after
     /// it has exited); see `forget_missed`.
     pub fn scan_all(&mut self) -> Result<Vec<u32>> {
+        self.classifier.refresh_pods();
         let classified = classify_all(&self.classifier)?;
         let mut seen = Vec::with_capacity(classified.len());
         for (pid, labels) in classified {
@@ -82,7 +87,12 @@ impl Discovery {
             .copied()
             .filter(|pid| seen.binary_search(pid).is_err())
             .collect();
-        shared.provisional.expire(std::time::Instant::now());
+        let now = std::time::Instant::now();
+        shared.provisional.expire(now);
+        for id in shared.retire_idle(now, self.pod_series_retention) {
+            // A reused id must not make anyone's children provisional.
+            self.kernel.set_children(id, SeriesId::UNTRACKED);
+        }
         Ok(gone)
     }
 
@@ -305,10 +315,14 @@ impl Discovery {
         let Some(mut labels) = self.classifier.classify(&info) else {
             return;
         };
-        if labels.cluster.is_empty()
-            && let Some(f) = fallback
-        {
-            labels.cluster = f.cluster;
+        if let Some(f) = fallback {
+            // Gone before /proc could tell: its cluster and pod are its parent's.
+            if labels.cluster.is_empty() {
+                labels.cluster = f.cluster.clone();
+            }
+            if labels.pod.is_empty() {
+                labels = labels.in_pod(f.pod_labels());
+            }
         }
         if open {
             self.track(pid, labels);

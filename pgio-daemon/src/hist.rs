@@ -84,6 +84,8 @@ pub trait HistKey: aya::Pod {
     fn slot(&self) -> u8;
     /// The histogram this key's slot belongs to, booked under `series`.
     fn id(&self, series: SeriesId) -> Self::Id;
+    /// The series a histogram is booked under.
+    fn series_of(id: &Self::Id) -> SeriesId;
 }
 
 pub type Hists<Id> = BTreeMap<Id, Log2Hist>;
@@ -109,15 +111,19 @@ impl<K: HistKey> HistReader<K> {
         let mut map = lock(&self.map);
         let mut carry = lock(&self.carry);
         let mut out = Hists::new();
-        let mut folded = Vec::new();
+        let mut removed = Vec::new();
         for entry in map.iter() {
             let (key, per_cpu) = entry?;
             let h = match routes.route(key.series()) {
                 Route::Own => out.entry(key.id(key.series())),
                 Route::Pending => continue,
                 Route::Fold(series) => {
-                    folded.push(key);
+                    removed.push(key);
                     carry.entry(key.id(series))
+                }
+                Route::Retired => {
+                    removed.push(key);
+                    continue;
                 }
             }
             .or_default();
@@ -125,9 +131,12 @@ impl<K: HistKey> HistReader<K> {
                 h.add(key.slot(), b);
             }
         }
-        for key in &folded {
+        for key in &removed {
             // Gone already is fine: nothing else deletes, and a late event recreates it.
             let _ = map.remove(key);
+        }
+        if !routes.retired.is_empty() {
+            carry.retain(|id, _| !routes.retired.contains(&K::series_of(id)));
         }
         for (id, h) in carry.iter() {
             out.entry(*id).or_default().merge(h);

@@ -1,6 +1,9 @@
 //! The label set of a series: who did the IO. Bounded cardinality by construction: no pid,
 //! no backend state, no query text.
-use crate::exposition::{LabelSet, LabelWriter};
+use crate::{
+    exposition::{LabelSet, LabelWriter},
+    pods::PodLabels,
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Labels {
@@ -15,6 +18,10 @@ pub struct Labels {
     pub cluster: String,
     /// Longhorn: the volume (PV name) an engine, replica or sync agent serves.
     pub volume: String,
+    /// Kubernetes: the pod the process runs in (see `pods`), empty outside any pod.
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
 }
 
 impl Labels {
@@ -24,6 +31,22 @@ impl Labels {
             role: role.to_owned(),
             ..Labels::default()
         }
+    }
+
+    /// The same labels in the pod `p` (or in none).
+    pub fn in_pod(mut self, p: Option<PodLabels>) -> Labels {
+        let p = p.unwrap_or_default();
+        (self.namespace, self.pod, self.container) = (p.namespace, p.pod, p.container);
+        self
+    }
+
+    /// The pod these labels carry (children of a process run in its pod).
+    pub fn pod_labels(&self) -> Option<PodLabels> {
+        (!self.pod.is_empty()).then(|| PodLabels {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
+            container: self.container.clone(),
+        })
     }
 
     /// Pairs in exposition order; empty values are left out (Prometheus treats an empty label
@@ -44,6 +67,9 @@ impl Labels {
             ("user", self.user.as_str()),
             ("cluster", self.cluster.as_str()),
             ("volume", volume),
+            ("namespace", self.namespace.as_str()),
+            ("pod", self.pod.as_str()),
+            ("container", self.container.as_str()),
         ]
         .into_iter()
         .filter(|(_, v)| !v.is_empty())

@@ -221,10 +221,11 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     // Discovery attaches the title uretprobe to postgres binaries as it finds them.
     let ebpf = Arc::new(Mutex::new(ebpf));
     let mut discovery = Discovery::new(
-        Classifier::new(config.compiled_rules()),
+        Classifier::new(config.compiled_rules(), config.pods()),
         shared,
         kernel_series,
         Some(lifecycle::TitleProbe::new(ebpf.clone())),
+        config.pod_series_retention(),
     );
     // Nothing was tracked before: no process can be missing.
     let _gone = discovery.scan_all()?;

@@ -24,6 +24,8 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
         exe,
         cwd: None,
         parent_comm: None,
+        // Read by the classifier, for tracked processes only.
+        pod: None,
         kthread: flags.contains(StatFlags::PF_KTHREAD),
         // Set on the leader before the kernel reports its exit, and readable until the parent
         // reaps it: a read in between must not track a process no event will untrack.

@@ -7,7 +7,7 @@
 //! So connection churn books no event under a wrong series, and every exported series stays
 //! monotonic (showing events under `starting` first and moving them later would not).
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
@@ -25,6 +25,9 @@ pub struct Provisional {
     /// Fallback series of a provisional process whose parent is not known (the cluster-less
     /// `starting` series).
     pub orphan: SeriesId,
+    /// Retired series (see `series`): the next map read deletes their keys, then they are
+    /// freed. Not provisional, but routed the same way: by the reader, at a map read.
+    pub retired: BTreeSet<SeriesId>,
 }
 
 #[derive(Clone, Debug)]
@@ -46,6 +49,8 @@ pub enum Route {
     Pending,
     /// A provisional series no longer in use: move into this series, delete from the map.
     Fold(SeriesId),
+    /// A retired series: delete from the map, export nothing.
+    Retired,
 }
 
 impl Provisional {
@@ -112,7 +117,11 @@ impl Provisional {
 
     pub fn route(&self, series: SeriesId) -> Route {
         if !series.is_provisional() {
-            return Route::Own;
+            return if self.retired.contains(&series) {
+                Route::Retired
+            } else {
+                Route::Own
+            };
         }
         match self.entries.get(&series.provisional_tgid()) {
             Some(e) if e.closed_at.is_none() => Route::Pending,
@@ -121,6 +130,15 @@ impl Provisional {
             // rarely, a request completing after the entry expired: not ours to move yet.
             None => Route::Pending,
         }
+    }
+
+    /// Series in use by provisional processes (their fallback and target).
+    pub fn in_use(&self) -> impl Iterator<Item = SeriesId> + '_ {
+        std::iter::once(self.orphan).chain(
+            self.entries
+                .values()
+                .flat_map(|e| std::iter::once(e.fallback).chain(e.target)),
+        )
     }
 
     /// Forgets entries closed long enough ago that nothing can be booked under them any more.

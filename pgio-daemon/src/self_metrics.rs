@@ -107,6 +107,16 @@ static EXITS_MISSED: Family = Family {
     help: "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",
     kind: Kind::Counter,
 };
+static SERIES: Family = Family {
+    name: "pgio_series",
+    help: "Label sets (series ids) pgio holds now, kernel and userspace: bounded by the live processes' label sets plus pod series within pod_series_retention_secs.",
+    kind: Kind::Gauge,
+};
+static SERIES_RETIRED: Family = Family {
+    name: "pgio_series_retired",
+    help: "Series of deleted pods dropped from the exposition (pod_series_retention_secs after their last process exited); their ids are reused.",
+    kind: Kind::Counter,
+};
 static PROGRAM_RUN_SECONDS: Family = Family {
     name: "pgio_bpf_program_run_seconds",
     help: "CPU time spent in each eBPF program (needs bpf_stats = true in the config, else 0).",
@@ -140,6 +150,10 @@ impl Snapshot for SelfSnapshot {
         }
         enc.family(&EXITS_MISSED)
             .counter((), scrape.tracked.exits_missed);
+        let registry = &scrape.tracked.registry;
+        enc.family(&SERIES).gauge((), registry.len() as i64);
+        enc.family(&SERIES_RETIRED)
+            .counter((), registry.retired_total);
         fn program(name: &str) -> [(&str, &str); 1] {
             [("program", name)]
         }

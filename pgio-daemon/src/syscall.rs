@@ -60,6 +60,10 @@ impl HistKey for SyscallKey {
             cache: Cache::from_u8(self.cache),
         }
     }
+
+    fn series_of(id: &SyscallId) -> SeriesId {
+        id.series
+    }
 }
 
 pub struct Syscalls {

@@ -84,7 +84,7 @@ fn golden_readings() -> Readings {
         database: "we\"ird\nname\\ x".into(),
         user: "ünï 🐘".into(),
         cluster: "15/main".into(),
-        volume: String::new(),
+        ..Labels::default()
     });
     let ckpt = t.registry.intern(Labels {
         cluster: "/tmp/d a\"ta".into(),

@@ -198,7 +198,7 @@ fn check_cluster(
     let postmaster = pg.postmaster_pid()?;
     // As the daemon does: learn from every process first (the postmaster's cluster name is
     // only in its children's titles).
-    let classifier = Classifier::new(Vec::new());
+    let classifier = Classifier::new(Vec::new(), None);
     for pid in processes_with_parent(postmaster) {
         if let Some(info) = read_process(pid) {
             classifier.learn(&info);

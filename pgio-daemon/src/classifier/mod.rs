@@ -6,7 +6,10 @@ pub mod pg_catalog;
 pub mod postgres;
 pub mod rules;
 
-use crate::labels::Labels;
+use crate::{
+    labels::Labels,
+    pods::{PodRef, Pods},
+};
 
 /// What the classifier looks at, read from /proc.
 #[derive(Clone, Debug, Default)]
@@ -27,6 +30,8 @@ pub struct ProcessInfo {
     pub parent_comm: Option<String>,
     /// Target of `/proc/<pid>/exe`, when readable.
     pub exe: Option<String>,
+    /// The Kubernetes pod its cgroup names; `None`: read `/proc/<pid>/cgroup` when needed.
+    pub pod: Option<PodRef>,
     /// PF_KTHREAD set in `/proc/<pid>/stat`.
     pub kthread: bool,
     /// PF_EXITING set: its exit may already have been reported, so it must not be tracked
@@ -37,32 +42,47 @@ pub struct ProcessInfo {
 pub struct Classifier {
     rules: Vec<rules::Rule>,
     postgres: postgres::Clusters,
+    /// Where pod names come from; `None`: no pod labels.
+    pods: Option<Pods>,
 }
 
 impl Classifier {
-    pub fn new(rules: Vec<rules::Rule>) -> Classifier {
+    pub fn new(rules: Vec<rules::Rule>, pods: Option<Pods>) -> Classifier {
         Classifier {
             rules,
             postgres: postgres::Clusters::default(),
+            pods,
         }
     }
 
     pub fn classify(&self, p: &ProcessInfo) -> Option<Labels> {
-        if let Some(labels) = self.rules.iter().find_map(|r| r.apply(p)) {
+        let labels = self.rules.iter().find_map(|r| r.apply(p)).or_else(|| {
+            if p.kthread {
+                return Some(kernel::classify(&p.comm));
+            }
+            self.postgres.classify(p).or_else(|| longhorn::classify(p))
+        })?;
+        let Some(pods) = &self.pods else {
             return Some(labels);
+        };
+        let pod = p.pod.clone().or_else(|| PodRef::of_process(p.pid));
+        Some(labels.in_pod(pod.and_then(|r| pods.labels(&r))))
+    }
+
+    /// The pod directories are listed again (each rescan: deleted pods drop out).
+    pub fn refresh_pods(&self) {
+        if let Some(pods) = &self.pods {
+            pods.refresh();
         }
-        if p.kthread {
-            return Some(kernel::classify(&p.comm));
-        }
-        self.postgres.classify(p).or_else(|| longhorn::classify(p))
     }
 
     /// Labels for the children of a process labelled `parent` until they are classified
-    /// themselves; `None`: they inherit the parent's.
+    /// themselves (in the parent's pod); `None`: they inherit the parent's.
     pub fn child_labels(parent: &Labels) -> Option<Labels> {
         (parent.app == "postgres")
             .then(|| postgres::child_labels(parent))
             .flatten()
+            .map(|child| child.in_pod(parent.pod_labels()))
     }
 
     /// Labels of a provisional process whose parent is not known any more.
