@@ -7,13 +7,16 @@
 
 mod cmd;
 pub mod daemon;
+pub mod daemonset;
 pub mod diskstats;
 pub mod ext4;
+pub mod kubepods;
 pub mod load;
 pub mod longhorn;
 pub mod loopdev;
 pub mod metrics;
 pub mod pgdist;
+pub mod podman;
 pub mod postgres;
 pub mod process;
 pub mod prometheus;
