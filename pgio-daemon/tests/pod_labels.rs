@@ -385,7 +385,7 @@ fn a_postgres_cluster_in_a_pod_labels_its_backends() {
         .filter(|s| {
             s.labels.get("app").is_some_and(|a| a == "postgres")
                 && s.labels.get("cluster").is_some_and(|c| *c == data_dir)
-                && s.labels.get("pod").is_none()
+                && !s.labels.contains_key("pod")
                 && s.value > 0.0
         })
         .map(|s| format!("{:?}", s.labels))
