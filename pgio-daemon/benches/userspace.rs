@@ -60,7 +60,7 @@ fn fixture(label_sets: u32) -> Fixture {
             database: format!("db_{}", i / 20),
             user: format!("user_{}", i % 20),
             cluster: "15/main".into(),
-            volume: String::new(),
+            ..Labels::default()
         });
         tracked.pids.insert(10_000 + i, series);
         for (syscall, cache, seed) in [
