@@ -27,7 +27,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{longhorn_daemon, pg_on_longhorn};
 use pgio_testkit::serde_json::{self, Value};
-use pgio_testkit::{Prometheus, require_root};
+use pgio_testkit::{
+    Prometheus,
+    kubepods::{self, Driver, PodCgroup, PodLogs},
+    require_root,
+};
+
+/// The pod the dashboards' PostgreSQL runs in.
+const NAMESPACE: &str = "pgio-dash";
+const POD: &str = "pg-dash-0";
 
 const DASHBOARDS: [&str; 3] = ["pgio-postgres", "pgio-longhorn-volume", "pgio-self"];
 
@@ -486,14 +494,40 @@ fn every_panel_query_returns_data() {
     let sched = format!("/sys/block/{}/queue/scheduler", s.vol.device_name());
     std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
 
-    let daemon = longhorn_daemon(&s.vol, "bpf_stats = true\n");
+    // The cluster runs in a kubelet-shaped pod (the dashboard's namespace and pod variables).
+    let logs = PodLogs::create(&s.dir.path().join("log")).expect("pod log dirs");
+    let (uid, container_id) = kubepods::ids(11);
+    let pod_cgroup = PodCgroup::create(Driver::Systemd, &uid, &container_id).expect("pod cgroup");
+    logs.add(NAMESPACE, POD, &uid, "postgres", &container_id)
+        .expect("pod logs");
+    let daemon = longhorn_daemon(
+        &s.vol,
+        &format!(
+            "bpf_stats = true\nrescan_interval_secs = 1\n{}",
+            logs.config()
+        ),
+    );
     let target = daemon.url.trim_start_matches("http://").to_owned();
     let prom = Prometheus::start("pgio", &[&target]).expect("prometheus");
     let prom_start = unix_now();
     s.pg.start().expect("start cold");
-    daemon
-        .wait_tracked("postgres", "checkpointer")
-        .expect("postgres");
+    // As if the kubelet had started it there: the running cluster moves in, children follow.
+    pod_cgroup
+        .enter(s.pg.postmaster_pid().expect("postmaster"))
+        .expect("move postmaster");
+    for pid in s.pg.child_pids().expect("children") {
+        pod_cgroup.enter(pid).expect("move child");
+    }
+    let in_pod =
+        pgio_testkit::wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            daemon.scrape().is_ok_and(|m| {
+                m.sum(
+                    "pgio_tracked_processes",
+                    &[("app", "postgres"), ("role", "checkpointer"), ("pod", POD)],
+                ) >= 1.0
+            })
+        });
+    assert!(in_pod, "the checkpointer is not tracked in its pod");
     daemon
         .wait_tracked("longhorn", "replica")
         .expect("replicas");
@@ -553,6 +587,8 @@ fn every_panel_query_returns_data() {
     // Values of this scenario (other volumes or clusters on the machine may be offered too).
     let prefer: BTreeMap<&str, String> = [
         ("cluster", cluster.clone()),
+        ("namespace", NAMESPACE.to_owned()),
+        ("pod", POD.to_owned()),
         ("volume", s.vol.volume().to_owned()),
         ("device", s.vol.device_name().to_owned()),
         ("instance", target.clone()),
