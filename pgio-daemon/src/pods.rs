@@ -15,7 +15,7 @@ use std::{
     collections::HashMap,
     path::{Path, PathBuf},
     sync::Mutex,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use crate::lock;
@@ -179,8 +179,8 @@ fn parse_container_log(name: &str) -> Option<(String, PodLabels)> {
 /// pods (110 by default), so the cap is only met by something that is not the kubelet's.
 const MAX_ENTRIES: usize = 16_384;
 
-/// A miss (a pod or container the listing does not know) lists the directories again, at most
-/// this often.
+/// A miss (a pod or container the listing does not know) lists the directories again when
+/// one of them changed since (its mtime: a pod or symlink was added), else at most this often.
 const RELIST_AFTER: Duration = Duration::from_secs(1);
 
 /// The kubelet's log directories, listed on demand.
@@ -197,6 +197,8 @@ struct Index {
     /// container id → its names
     containers: HashMap<String, PodLabels>,
     listed_at: Option<Instant>,
+    /// The directories' mtimes at that listing.
+    mtimes: [Option<SystemTime>; 2],
 }
 
 impl Pods {
@@ -210,7 +212,9 @@ impl Pods {
 
     /// Lists both directories again (each rescan: pods gone since drop out of the index).
     pub fn refresh(&self) {
+        let mtimes = self.mtimes();
         let fresh = Index {
+            mtimes,
             pods: list(&self.pod_log_dir, parse_pod_dir)
                 .map(|(uid, ns, pod)| (uid, (ns, pod)))
                 .collect(),
@@ -255,9 +259,13 @@ impl Pods {
     }
 
     fn stale(&self) -> bool {
-        lock(&self.index)
-            .listed_at
-            .is_none_or(|t| t.elapsed() >= RELIST_AFTER)
+        let index = lock(&self.index);
+        index.listed_at.is_none_or(|t| t.elapsed() >= RELIST_AFTER) || index.mtimes != self.mtimes()
+    }
+
+    fn mtimes(&self) -> [Option<SystemTime>; 2] {
+        let mtime = |d: &Path| std::fs::metadata(d).and_then(|m| m.modified()).ok();
+        [mtime(&self.pod_log_dir), mtime(&self.container_log_dir)]
     }
 
     /// The pod's one container directory, when it has exactly one.

@@ -210,6 +210,22 @@ fn processes_in_kubelet_cgroups_carry_their_pods_labels() {
         "//",
         "a deleted pod's names are not given out again",
     );
+    // A new pod's series takes the retired series' id: it starts from zero, so the retired
+    // series' kernel entries were deleted, not handed on.
+    let (uid_d, id_d) = ids(4);
+    let pod_d = PodCgroup::create(Driver::Systemd, &uid_d, &id_d).expect("pod d cgroup");
+    logs.add("db", "reader-3", &uid_d, "reader", &id_d)
+        .expect("pod d");
+    let mut load = reader_in(&pod_d, &dev);
+    assert_eq!(load.expect_run(), READS);
+    let total = daemon.scrape().sum(
+        "pgio_block_io_requests_total",
+        &[("device", lo.name()), ("pod", "reader-3")],
+    );
+    assert!(
+        total <= READS as f64 && total >= 0.998 * READS as f64,
+        "pod d's series holds {total} reads, it did {READS}"
+    );
     daemon.stop().expect("clean exit");
 }
 
