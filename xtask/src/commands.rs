@@ -59,7 +59,7 @@ fn go_lint(root: &Path) -> Result<()> {
 }
 
 /// `go` on PATH, else Go's default install location.
-fn go_bin() -> Result<std::path::PathBuf> {
+pub(crate) fn go_bin() -> Result<std::path::PathBuf> {
     let on_path = env::var_os("PATH")
         .map(|p| {
             env::split_paths(&p)
@@ -152,6 +152,10 @@ fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
         .env("AYA_BUILD_SKIP", "1");
     timed(&describe(&clippy), || run_quiet(&mut clippy))?;
     go_lint(root)?;
+    timed(
+        "deploy-check (Helm chart and kustomize base, offline)",
+        || crate::deploy::check(root),
+    )?;
 
     let mut cmd = cargo(root);
     cmd.args(["test", "--release"]).args(extra);

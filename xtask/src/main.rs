@@ -6,6 +6,7 @@
 mod apt;
 mod bench;
 mod commands;
+mod deploy;
 mod toolchain;
 mod util;
 
@@ -67,6 +68,9 @@ enum Cmd {
         #[arg(long)]
         per_call_only: bool,
     },
+    /// Offline checks of deploy/: helm lint, helm template, kubectl kustomize, kubeconform
+    /// -strict, and the Helm and kustomize DaemonSets agree (builds helm and kubeconform once).
+    DeployCheck,
     /// Setup, build pgio-daemon (release) and run `pgio-daemon check` as root.
     Check {
         #[command(flatten)]
@@ -100,6 +104,7 @@ fn real_main() -> Result<()> {
         Cmd::Run { setup, args } => commands::run_daemon(&root, setup.skip_setup, &args),
         Cmd::Test { setup, args } => commands::test(&root, setup.skip_setup, &args),
         Cmd::Check { setup } => commands::check(&root, setup.skip_setup),
+        Cmd::DeployCheck => deploy::check(&root),
         Cmd::Bench {
             setup,
             quick,

@@ -1,0 +1,28 @@
+{{/*
+pgio.toml from .Values.config (README "Configuration"). Written field by field rather than with
+toToml: Helm reads numbers in values as floats, and pgio wants integers.
+*/}}
+{{- define "pgio.toml" -}}
+{{- $c := .Values.config -}}
+listen = {{ include "pgio.tomlString" (printf "0.0.0.0:%d" (int .Values.port)) }}
+rescan_interval_secs = {{ int $c.rescan_interval_secs }}
+bpf_stats = {{ $c.bpf_stats }}
+longhorn_device_dir = {{ include "pgio.tomlString" $c.longhorn_device_dir }}
+pod_labels = {{ $c.pod_labels }}
+pod_log_dir = {{ include "pgio.tomlString" $c.pod_log_dir }}
+container_log_dir = {{ include "pgio.tomlString" $c.container_log_dir }}
+pod_series_retention_secs = {{ int $c.pod_series_retention_secs }}
+{{- range $rule := $c.rules }}
+
+[[rule]]
+app = {{ include "pgio.tomlString" (required "config.rules[].app is required" .app) }}
+{{- if .role }}
+role = {{ include "pgio.tomlString" .role }}
+{{- end }}
+{{- range $key := list "comm" "exe" "cmdline" }}
+{{- with index $rule $key }}
+{{ $key }} = {{ include "pgio.tomlString" . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
