@@ -109,15 +109,18 @@ pub fn run_checks() -> Vec<Finding> {
 
 /// Capabilities only (what `run` checks before loading anything).
 pub fn privileges() -> Vec<Finding> {
-    let effective = match caps::read(None, CapSet::Effective) {
-        Ok(c) => c,
-        Err(e) => {
-            return vec![finding(
-                Level::Fail,
-                format!("cannot read capabilities: {e}"),
-            )];
-        }
-    };
+    match caps::read(None, CapSet::Effective) {
+        Ok(effective) => privileges_of(&effective),
+        Err(e) => vec![finding(
+            Level::Fail,
+            format!("cannot read capabilities: {e}"),
+        )],
+    }
+}
+
+/// The check table for an effective capability set. deploy/CAPABILITIES.md has what was
+/// measured without each one, in a container with all others granted.
+pub fn privileges_of(effective: &caps::CapsHashSet) -> Vec<Finding> {
     let has = |c: Capability| effective.contains(&c);
     let admin = has(Capability::CAP_SYS_ADMIN);
     let mut out = Vec::new();
@@ -134,16 +137,90 @@ pub fn privileges() -> Vec<Finding> {
             ));
         }
     }
-    if has(Capability::CAP_SYS_PTRACE) {
-        out.push(finding(
-            Level::Ok,
-            "CAP_SYS_PTRACE (read /proc/<pid>/exe of other users)",
-        ));
-    } else {
-        out.push(finding(
-            Level::Warn,
-            "CAP_SYS_PTRACE missing: exe-based rules cannot see other users' processes",
-        ));
+    // pgio runs without these, with less: each says what goes missing.
+    for (cap, why, without) in [
+        (
+            Capability::CAP_SYS_PTRACE,
+            "read /proc/<pid>/cwd and exe of other users' processes",
+            "no `cluster` label from a data directory, `exe` rules do not match other users' \
+             processes, user/database names with spaces are split at the first space",
+        ),
+        (
+            Capability::CAP_DAC_READ_SEARCH,
+            "look into other users' 0700 directories, e.g. a PostgreSQL data directory",
+            "no `cluster` label from a data directory, user/database names with spaces are \
+             split at the first space",
+        ),
+    ] {
+        if has(cap) {
+            out.push(finding(Level::Ok, format!("{cap} ({why})")));
+        } else {
+            out.push(finding(
+                Level::Warn,
+                format!("{cap} missing: cannot {why}: {without}"),
+            ));
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn levels(caps: &[Capability]) -> Vec<(String, Level)> {
+        let set: caps::CapsHashSet = caps.iter().copied().collect();
+        privileges_of(&set)
+            .into_iter()
+            .map(|f| {
+                let cap = f
+                    .what
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                (cap, f.level)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn check_table() {
+        use Capability::*;
+        use Level::*;
+        let all = [CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
+        let row = |b, p, t, d| {
+            vec![
+                ("CAP_BPF".to_owned(), b),
+                ("CAP_PERFMON".to_owned(), p),
+                ("CAP_SYS_PTRACE".to_owned(), t),
+                ("CAP_DAC_READ_SEARCH".to_owned(), d),
+            ]
+        };
+        assert_eq!(levels(&all), row(Ok, Ok, Ok, Ok));
+        assert_eq!(levels(&[]), row(Fail, Fail, Warn, Warn));
+        assert_eq!(
+            levels(&[CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH]),
+            row(Fail, Ok, Ok, Ok)
+        );
+        assert_eq!(
+            levels(&[CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH]),
+            row(Ok, Fail, Ok, Ok)
+        );
+        assert_eq!(levels(&[CAP_BPF, CAP_PERFMON]), row(Ok, Ok, Warn, Warn));
+        // CAP_SYS_ADMIN stands in for BPF and PERFMON (kernels before 5.8 only know it), not
+        // for the others.
+        assert_eq!(levels(&[CAP_SYS_ADMIN]), row(Ok, Ok, Warn, Warn));
+        // The failure names the capability: `run` exits with these lines.
+        let set: caps::CapsHashSet = [CAP_BPF].into_iter().collect();
+        let fail: Vec<String> = privileges_of(&set)
+            .into_iter()
+            .filter(|f| f.level == Fail)
+            .map(|f| f.what)
+            .collect();
+        assert_eq!(
+            fail,
+            ["CAP_PERFMON missing: needed to attach tracepoints (run as root or grant it)"]
+        );
+    }
 }

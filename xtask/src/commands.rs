@@ -17,6 +17,8 @@ pub fn setup() -> Result<()> {
     let nightly = toolchain::Nightly::detect()?;
     toolchain::ensure_bpf_linker(&nightly)?;
     apt::ensure_packages()?;
+    // The container test (pgio-daemon/tests/container.rs) and `cargo xtask image`.
+    apt::ensure(pgio_testkit::podman::PACKAGES)?;
     report_tracefs();
     step(format!("setup done in {}", fmt_duration(started.elapsed())));
     Ok(())
@@ -192,7 +194,7 @@ fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
     }
 }
 
-fn daemon_binary(root: &Path) -> Result<std::path::PathBuf> {
+pub(crate) fn daemon_binary(root: &Path) -> Result<std::path::PathBuf> {
     let bin = target_dir(root).join("release").join("pgio-daemon");
     if !bin.is_file() {
         bail!("{} is missing after a successful build", bin.display());

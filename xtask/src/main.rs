@@ -7,6 +7,7 @@ mod apt;
 mod bench;
 mod commands;
 mod deploy;
+mod image;
 mod toolchain;
 mod util;
 
@@ -76,6 +77,12 @@ enum Cmd {
         #[command(flatten)]
         setup: SetupFlag,
     },
+    /// Setup, build pgio-daemon (release) and the container image localhost/pgio:<version>
+    /// (and :latest) from deploy/image/Containerfile with podman (installed if missing).
+    Image {
+        #[command(flatten)]
+        setup: SetupFlag,
+    },
 }
 
 #[derive(Args)]
@@ -105,6 +112,7 @@ fn real_main() -> Result<()> {
         Cmd::Test { setup, args } => commands::test(&root, setup.skip_setup, &args),
         Cmd::Check { setup } => commands::check(&root, setup.skip_setup),
         Cmd::DeployCheck => deploy::check(&root),
+        Cmd::Image { setup } => image::image(&root, setup.skip_setup),
         Cmd::Bench {
             setup,
             quick,
