@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pgio_testkit::daemonset::{self, Manifest, Node, PodmanRun};
+use pgio_testkit::kubepods::{self, Driver, PodCgroup, PodLogs};
 use pgio_testkit::podman::{self, Container};
 use pgio_testkit::{
     DiskStats, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions, REQUIRE_ROOT_ENV, TempDir,
@@ -21,6 +22,8 @@ use pgio_testkit::{
 
 const READS: u64 = 2_000;
 const APP: &str = "container-test";
+/// The hostPath mounts pod labels are read from.
+const KUBELET_DIRS: [&str; 2] = ["/var/log/pods", "/var/log/containers"];
 const PG_PORT: u16 = 55_471;
 const PG_USER: &str = "pgio user";
 const PG_DB: &str = "pgio db";
@@ -103,9 +106,26 @@ impl NodeFiles {
         }
     }
 
+    /// The node's `/var/log/pods` and `/var/log/containers`, as mounted into the container.
+    fn pod_logs(&self) -> PodLogs {
+        let subst = self.dir.path().join("host");
+        let [pods, containers] = KUBELET_DIRS.map(|d| subst.join(d.trim_start_matches('/')));
+        for d in [&pods, &containers] {
+            std::fs::create_dir_all(d).expect("kubelet dir");
+        }
+        PodLogs { pods, containers }
+    }
+
     fn translate(&self, pod: &pgio_testkit::serde_json::Value, host_port: u16) -> PodmanRun {
         let subst = self.dir.path().join("host");
         let host_path = |path: &str, kind: &str| -> anyhow::Result<PathBuf> {
+            // The kubelet's log directories are the test's (see `NodeFiles::pod_logs`), also
+            // on a machine that has them.
+            if KUBELET_DIRS.contains(&path) {
+                let dir = subst.join(path.trim_start_matches('/'));
+                std::fs::create_dir_all(&dir)?;
+                return Ok(dir);
+            }
             if Path::new(path).exists() {
                 return Ok(PathBuf::from(path));
             }
@@ -357,15 +377,22 @@ fn daemonset_security_context_in_podman() {
             .collect::<String>()
     );
 
-    // A host process' direct reads, counted on the device as /proc/diskstats counts them.
+    // A host process' direct reads, counted on the device as /proc/diskstats counts them. It
+    // runs in a kubelet-shaped pod cgroup whose names are in the mounted /var/log/pods tree:
+    // the pod labels work from inside the container.
+    let (uid, container_id) = kubepods::ids(21);
+    let pod_cgroup = PodCgroup::create(Driver::Systemd, &uid, &container_id).expect("pod cgroup");
+    node.pod_logs()
+        .add("tenant", "reader-0", &uid, "dd", &container_id)
+        .expect("pod logs");
     lo.wait_quiet(Duration::from_secs(5));
     let (before, disk_before) = full.snapshot(lo.name());
-    let dd = std::process::Command::new("dd")
-        .arg(format!("if={}", lo.path().display()))
+    let mut dd = std::process::Command::new("dd");
+    dd.arg(format!("if={}", lo.path().display()))
         .args(["of=/dev/null", "iflag=direct", "bs=8k"])
-        .arg(format!("count={READS}"))
-        .output()
-        .expect("dd");
+        .arg(format!("count={READS}"));
+    pod_cgroup.spawn_inside(&mut dd).expect("dd in the pod");
+    let dd = dd.output().expect("dd");
     assert!(
         dd.status.success(),
         "dd: {}",
@@ -384,6 +411,9 @@ fn daemonset_security_context_in_podman() {
         ("op", "read"),
         ("app", APP),
         ("role", "dd"),
+        ("namespace", "tenant"),
+        ("pod", "reader-0"),
+        ("container", "dd"),
     ]);
     eprintln!("diskstats reads {disk_reads}, pgio {on_device}, attributed to dd {by_dd}");
     assert_eq!(
@@ -396,7 +426,10 @@ fn daemonset_security_context_in_podman() {
         "pgio's read requests on {}",
         lo.name()
     );
-    assert_eq!(by_dd, disk_reads, "reads attributed to app={APP} role=dd");
+    assert_eq!(
+        by_dd, disk_reads,
+        "reads attributed to app={APP} role=dd in pod tenant/reader-0"
+    );
     let code = full.container.stop(Duration::from_secs(20)).expect("stop");
     assert_eq!(
         code,

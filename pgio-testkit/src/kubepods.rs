@@ -142,6 +142,29 @@ impl PodCgroup {
         }
     }
 
+    /// Makes `cmd` start inside the cgroup: its child moves itself in before it execs, so the
+    /// program is in the pod from its first instruction.
+    pub fn spawn_inside(&self, cmd: &mut Command) -> Result<()> {
+        use std::os::unix::{io::AsRawFd, process::CommandExt};
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.procs_file())
+            .with_context(|| format!("opening {}", self.procs_file().display()))?;
+        // SAFETY: the closure only calls write(2) on an fd the parent opened (async-signal-
+        // safe); `procs` is moved into it and stays open until the command is dropped.
+        unsafe {
+            cmd.pre_exec(move || {
+                // "0": the writing process itself.
+                if libc::write(procs.as_raw_fd(), b"0".as_ptr().cast(), 1) == 1 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// Moves every process of the container cgroup to the root cgroup.
     pub fn evacuate(&self) -> Result<()> {
         evacuate(&self.leaf, &self.root)
