@@ -15,14 +15,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::Daemon;
 use pgio_testkit::{
-    Metrics, PgCluster, PgOptions, metrics::http_get, pg_bin_dir, promtool, require_root, temp_dir,
-    wait_until,
+    Metrics, PgCluster, PgOptions, check_metrics, metrics::http_get, pg_bin_dir, promtool,
+    require_root, temp_dir, wait_until,
 };
 
 const PAIRS: &[(&str, &str)] = &[
@@ -53,7 +51,8 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
             "{u:?} {d:?} longer than NAMEDATALEN-1"
         );
     }
-    let promtool = promtool().expect("promtool");
+    // Fetched first: fail before the cluster is set up.
+    promtool().expect("promtool");
     let bin = pg_bin_dir(15).expect("PostgreSQL 15");
     let dir = temp_dir().expect("temp dir");
     let port = 56_400;
@@ -136,27 +135,7 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
             "{d:?} not in the exposition as {escaped:?}"
         );
     }
-    let mut child = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = check_metrics(&text).unwrap_or_else(|e| panic!("{e:#}"));
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("pgio_tracked_processes{") && l.contains("client backend"))
@@ -165,7 +144,7 @@ fn hostile_names_give_valid_exposition_and_exact_labels() {
     eprintln!(
         "{} client backends with hostile names, all labelled as pg_stat_activity says; promtool: {}",
         want.len(),
-        String::from_utf8_lossy(&out.stdout).trim()
+        report
     );
     drop(sessions);
     daemon.stop().expect("daemon stop");

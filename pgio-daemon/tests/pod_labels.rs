@@ -10,9 +10,9 @@ use std::{path::Path, process::Command, time::Duration};
 
 use common::{Daemon, delta, delta_by};
 use pgio_testkit::{
-    LoadProcess, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions,
+    LoadProcess, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions, check_metrics,
     kubepods::{Driver, PodCgroup, PodLogs, PodmanPod, cgroup2_root, ids},
-    pgio_load_bin, promtool, require_root, rules_config, temp_dir, wait_until,
+    pgio_load_bin, require_root, rules_config, temp_dir, wait_until,
 };
 
 const READS: u64 = 2_000;
@@ -48,28 +48,7 @@ fn exposition_is_valid(daemon: &Daemon) {
         Duration::from_secs(10),
     )
     .expect("metrics");
-    let promtool = promtool().expect("promtool");
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("promtool output");
-    // Lint warnings (e.g. counters without _total) are not errors; parse errors are.
-    let report = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !report.contains("error while linting"),
-        "promtool: {report}"
-    );
+    check_metrics(&text).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Every read of the window is under one label set, `want`; the count is the process' own
@@ -83,6 +62,18 @@ fn assert_all_under(by_pod: std::collections::BTreeMap<String, f64>, want: &str,
             && got[0].1 >= 0.998 * READS as f64,
         "{what}: want all {READS} reads under {want:?}, got {got:?}"
     );
+}
+
+/// Runs `load` to its end between two scrapes: where its reads went, by pod.
+fn window(
+    daemon: &Daemon,
+    mut load: LoadProcess,
+    device: &str,
+) -> std::collections::BTreeMap<String, f64> {
+    let before = daemon.scrape();
+    assert_eq!(load.expect_run(), READS);
+    let after = daemon.scrape();
+    reads_by_pod(&before, &after, device, "test")
 }
 
 /// A `pgio-load` reading `dev` started inside `cgroup` (it is classified at its exec, in the
@@ -152,25 +143,15 @@ fn processes_in_kubelet_cgroups_carry_their_pods_labels() {
         ),
         ("odd names", &odd, expect("", "", "")),
     ] {
-        let mut load = reader_in(cgroup, &dev);
-        let before = daemon.scrape();
-        assert_eq!(load.expect_run(), READS);
-        let after = daemon.scrape();
-        let by_pod = reads_by_pod(&before, &after, lo.name(), "test");
+        let by_pod = window(&daemon, reader_in(cgroup, &dev), lo.name());
         eprintln!("{name}: cgroup {}, reads by pod {by_pod:?}", cgroup.path());
         assert_all_under(by_pod, &want, name);
     }
-    {
-        let mut load = fake.reader(&dev);
-        let before = daemon.scrape();
-        assert_eq!(load.expect_run(), READS);
-        let after = daemon.scrape();
-        assert_all_under(
-            reads_by_pod(&before, &after, lo.name(), "test"),
-            "//",
-            "a cgroup that only looks like a pod gives no pod labels",
-        );
-    }
+    assert_all_under(
+        window(&daemon, fake.reader(&dev), lo.name()),
+        "//",
+        "a cgroup that only looks like a pod gives no pod labels",
+    );
     exposition_is_valid(&daemon);
 
     // Pod a is deleted (log directory and cgroup); its series leave the exposition after the
@@ -201,12 +182,8 @@ fn processes_in_kubelet_cgroups_carry_their_pods_labels() {
         "pgio_series_retired_total rose by {retired}"
     );
     let again = PodCgroup::create(Driver::Systemd, &uid_a, &id_a).expect("cgroup again");
-    let mut load = reader_in(&again, &dev);
-    let before = daemon.scrape();
-    assert_eq!(load.expect_run(), READS);
-    let after = daemon.scrape();
     assert_all_under(
-        reads_by_pod(&before, &after, lo.name(), "test"),
+        window(&daemon, reader_in(&again, &dev), lo.name()),
         "//",
         "a deleted pod's names are not given out again",
     );

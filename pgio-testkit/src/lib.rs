@@ -35,7 +35,7 @@ pub use pgdist::pg_bin_dir;
 pub use postgres::{PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession};
 pub use process::{pid_alive, processes_with_cmdline_containing, processes_with_parent};
 pub use prometheus::{PromSample, Prometheus, prometheus_bin};
-pub use promtool::promtool;
+pub use promtool::{check_metrics, promtool};
 /// For tests that read JSON (Grafana dashboards) without depending on it themselves.
 pub use serde_json;
 pub use tempfile::TempDir;

@@ -20,6 +20,35 @@ pub fn promtool() -> Result<PathBuf> {
     Ok(debian_prometheus_tree()?.join("usr/bin/promtool"))
 }
 
+/// `promtool check metrics` on an exposition: Ok with its report (stdout) when it accepts it,
+/// an error with everything it said when not (parse errors and lint findings alike).
+pub fn check_metrics(text: &str) -> Result<String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(promtool()?)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting promtool")?;
+    child
+        .stdin
+        .take()
+        .context("promtool stdin")?
+        .write_all(text.as_bytes())
+        .context("writing to promtool")?;
+    let out = child.wait_with_output().context("waiting for promtool")?;
+    let report = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    ensure!(
+        out.status.success(),
+        "promtool check metrics failed ({}):\n{report}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(report)
+}
+
 /// The unpacked tree of Debian's `prometheus` package (`usr/bin/prometheus`,
 /// `usr/bin/promtool`, …) in `<pg-dist root>/promtool/`, downloaded and unpacked on first use
 /// (parallel callers, also in other processes, wait on a lock file).
