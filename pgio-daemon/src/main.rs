@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow};
 use clap::{Parser, Subcommand};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use pgio_daemon::{
     block_io, check,
@@ -218,6 +218,15 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     collector.register(SelfMetrics::take(&mut ebpf, status)?);
     let collector = Arc::new(collector);
 
+    if let Some(pods) = config.pods() {
+        match pods.known() {
+            Ok(n) => info!(pods = n, dir = %config.pod_log_dir, "pod labels on"),
+            Err(e) => warn!(
+                "pod labels on, but {e}: no pod will be named (mount the kubelet's {} and {}, or set pod_labels = false)",
+                config.pod_log_dir, config.container_log_dir
+            ),
+        }
+    }
     // Discovery attaches the title uretprobe to postgres binaries as it finds them.
     let ebpf = Arc::new(Mutex::new(ebpf));
     let mut discovery = Discovery::new(

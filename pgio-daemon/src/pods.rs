@@ -224,6 +224,14 @@ impl Pods {
         *lock(&self.index) = fresh;
     }
 
+    /// How many pods the kubelet's directory lists now; an error when it cannot be read.
+    pub fn known(&self) -> Result<usize, String> {
+        std::fs::read_dir(&self.pod_log_dir)
+            .map_err(|e| format!("{}: {e}", self.pod_log_dir.display()))?;
+        self.refresh();
+        Ok(lock(&self.index).pods.len())
+    }
+
     /// The labels of the pod `r` names, if the kubelet made a log directory for it. The
     /// container name is left empty when its log symlink is not there and the pod has more
     /// than one container.
