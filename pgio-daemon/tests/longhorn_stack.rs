@@ -12,8 +12,9 @@
 //! - engine, 2 replicas and the sync-agent are tracked with the same `volume`;
 //! - the replicas' pread64 are ≥ 95 % of the volume device's read requests;
 //! - ≥ 95 % of the backing device's reads are attributed to role `replica` of the volume;
-//! - with injection, the volume device's median read latency rises by ≥ 1.5 ms and the
-//!   backing device's by < 0.5 ms.
+//! - with injection, < 1 % of the volume device's reads complete within 2.1 ms (measured 0 %;
+//!   without injection ≥ 20 %, measured 60 %), and the backing device's median rises by
+//!   < 0.5 ms.
 //!
 //! Prints the per-layer medians (the closing note's table) and the volume's /metrics lines.
 
@@ -41,6 +42,10 @@ struct Layers {
     volume_reads_pgio: f64,
     volume_reads_labelled: f64,
     volume_ms: Option<f64>,
+    /// Exact mean (`_sum / _count`) of the volume device's read latency.
+    volume_mean_ms: Option<f64>,
+    /// Share of the volume device's reads that took at most 2^21 ns (2.1 ms).
+    volume_fast_share: f64,
     engine_futex_ms: Option<f64>,
     replica_preads: f64,
     replica_pread_ms: Option<f64>,
@@ -66,18 +71,25 @@ fn longhorn_volume_stack_view() {
         plain.excerpt
     );
 
-    let (v0, v1) = (
-        plain.volume_ms.expect("volume median"),
-        slow.volume_ms.expect("volume median"),
+    // Every volume read waits for one replica read, so with 2 ms injected hardly any can
+    // complete within 2^21 ns (2.1 ms: the sleep plus FUSE, engine and replica), while without
+    // injection many do: an exact, bucket-aligned count (measured 0.0000 of 14,455 vs 0.60).
+    // A median interpolated inside a log2 bucket ((2.1, 4.2] ms) can under-read the 2 ms
+    // shift (rises of 0.98–2.24 ms measured) and the mean moves with the tail: both are
+    // printed, not asserted on.
+    assert!(
+        plain.volume_fast_share >= 0.20,
+        "without injection only {:.4} of the volume device's reads took <= 2.1 ms",
+        plain.volume_fast_share
+    );
+    assert!(
+        slow.volume_fast_share < 0.01,
+        "with 2 ms injected in the replicas, {:.4} of the volume device's reads still took <= 2.1 ms",
+        slow.volume_fast_share
     );
     let (b0, b1) = (
         plain.backing_ms.expect("backing median"),
         slow.backing_ms.expect("backing median"),
-    );
-    assert!(
-        v1 - v0 >= 1.5,
-        "the volume device's median read latency rose by only {:.2} ms ({v0:.2} → {v1:.2})",
-        v1 - v0
     );
     assert!(
         b1 - b0 < 0.5,
@@ -118,13 +130,17 @@ fn ms(h: &Histogram) -> Option<f64> {
     h.quantile(0.5).map(|s| s * 1e3)
 }
 
+fn mean_ms(h: &Histogram) -> Option<f64> {
+    (h.count > 0.0).then(|| h.sum / h.count * 1e3)
+}
+
 fn print(case: &str, l: &Layers) {
     let f = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3} ms"));
     eprintln!(
         "longhorn_stack, {case}: pgbench -S -R {RATE} {RUN_SECS} s, {:.0} tps\n\
          \x20 layer                                   median      count\n\
          \x20 postgres pread64 (cache=miss)          {:>10}  {:>8}\n\
-         \x20 volume device (loop over FUSE) reads   {:>10}  {:>8} (diskstats {})\n\
+         \x20 volume device (loop over FUSE) reads   {:>10}  {:>8} (diskstats {}; mean {}; ≤ 2.1 ms {:.4})\n\
          \x20 engine futex waits                     {:>10}\n\
          \x20 replica pread64                        {:>10}  {:>8}\n\
          \x20 backing device reads (role replica)    {:>10}  {:>8} (diskstats {})",
@@ -134,6 +150,8 @@ fn print(case: &str, l: &Layers) {
         f(l.volume_ms),
         l.volume_reads_pgio,
         l.volume_reads_diskstats,
+        f(l.volume_mean_ms),
+        l.volume_fast_share,
         f(l.engine_futex_ms),
         f(l.replica_pread_ms),
         l.replica_preads,
@@ -236,6 +254,11 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
             &[volume_read[0], volume_read[1], vol_l],
         ),
         volume_ms: ms(&h("pgio_block_io_device_seconds", &volume_read)),
+        volume_mean_ms: mean_ms(&h("pgio_block_io_device_seconds", &volume_read)),
+        volume_fast_share: {
+            let v = h("pgio_block_io_device_seconds", &volume_read);
+            v.count_le(2.097152e-3) / v.count.max(1.0)
+        },
         engine_futex_ms: ms(&h(
             "pgio_futex_wait_seconds",
             &[("app", "longhorn"), ("role", "engine"), vol_l],
