@@ -160,12 +160,17 @@ fn run_floor() -> Result<()> {
     Ok(())
 }
 
+/// Fails naming every capability pgio cannot run without; logs the ones it runs with less
+/// without (other users' /proc files unreadable: fewer labels).
 fn require_privileges() -> Result<()> {
-    let missing: Vec<String> = check::privileges()
-        .into_iter()
-        .filter(|f| f.level == check::Level::Fail)
-        .map(|f| f.what)
-        .collect();
+    let mut missing = Vec::new();
+    for f in check::privileges() {
+        match f.level {
+            check::Level::Fail => missing.push(f.what),
+            check::Level::Warn => warn!("{}", f.what),
+            check::Level::Ok => {}
+        }
+    }
     if missing.is_empty() {
         Ok(())
     } else {
@@ -221,9 +226,15 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     if let Some(pods) = config.pods() {
         match pods.known() {
             Ok(n) => info!(pods = n, dir = %config.pod_log_dir, "pod labels on"),
-            Err(e) => warn!(
-                "pod labels on, but {e}: no pod will be named (mount the kubelet's {} and {}, or set pod_labels = false)",
+            // Not a Kubernetes node (or the directory is not mounted): nothing to name.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => info!(
+                dir = %config.pod_log_dir,
+                "no kubelet pod directory: no pod labels (in a pod, mount the kubelet's {} and {})",
                 config.pod_log_dir, config.container_log_dir
+            ),
+            Err(e) => warn!(
+                "pod labels on, but {}: {e}: no pod will be named (mount the kubelet's {} and {} read-only, or set pod_labels = false)",
+                config.pod_log_dir, config.pod_log_dir, config.container_log_dir
             ),
         }
     }

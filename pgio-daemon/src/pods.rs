@@ -225,9 +225,8 @@ impl Pods {
     }
 
     /// How many pods the kubelet's directory lists now; an error when it cannot be read.
-    pub fn known(&self) -> Result<usize, String> {
-        std::fs::read_dir(&self.pod_log_dir)
-            .map_err(|e| format!("{}: {e}", self.pod_log_dir.display()))?;
+    pub fn known(&self) -> std::io::Result<usize> {
+        std::fs::read_dir(&self.pod_log_dir)?;
         self.refresh();
         Ok(lock(&self.index).pods.len())
     }
