@@ -89,9 +89,11 @@ impl PodCgroup {
         let mut dir = root.clone();
         for seg in rel {
             dir.push(seg);
-            if !dir.exists() {
-                std::fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
-                made.push(dir.clone());
+            // Another test may make the shared kubepods/QoS levels at the same time.
+            match std::fs::create_dir(&dir) {
+                Ok(()) => made.push(dir.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).with_context(|| format!("mkdir {}", dir.display())),
             }
         }
         Ok(PodCgroup {
@@ -174,9 +176,25 @@ impl PodCgroup {
     pub fn remove(&mut self) -> Result<()> {
         for dir in self.made.iter().rev() {
             evacuate(dir, &self.root)?;
-            if dir.exists() {
-                std::fs::remove_dir(dir).with_context(|| format!("rmdir {}", dir.display()))?;
+            if !dir.exists() {
+                continue;
             }
+            if let Err(e) = std::fs::remove_dir(dir) {
+                // A shared kubepods/QoS level that another test's pod still uses stays.
+                if dir != &self.leaf && has_subdirs(dir) {
+                    continue;
+                }
+                return Err(e).with_context(|| format!("rmdir {}", dir.display()));
+            }
+        }
+        // The shared levels, whoever made them, once no pod is left in them (the last test
+        // to finish removes them; a level with pods in it refuses).
+        let mut level = self.leaf.parent().and_then(Path::parent);
+        while let Some(dir) = level.filter(|d| *d != self.root.as_path()) {
+            if dir.exists() && !has_subdirs(dir) {
+                let _ = std::fs::remove_dir(dir);
+            }
+            level = dir.parent();
         }
         self.made.clear();
         Ok(())
@@ -189,6 +207,14 @@ impl Drop for PodCgroup {
             eprintln!("kubepods: {e:#}");
         }
     }
+}
+
+fn has_subdirs(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
 }
 
 fn evacuate(dir: &Path, root: &Path) -> Result<()> {
@@ -369,6 +395,13 @@ impl Drop for PodmanPod {
                     let _ = std::fs::remove_dir(c.path());
                 }
                 let _ = std::fs::remove_dir(&pod);
+            }
+            // And the levels above it, once no pod is left in them.
+            for level in ["kubepods/besteffort", "kubepods"] {
+                let dir = h.path().join(level);
+                if dir.exists() && !has_subdirs(&dir) {
+                    let _ = std::fs::remove_dir(&dir);
+                }
             }
         }
     }
