@@ -1,5 +1,5 @@
-//! Block layer: per request, queue time (insert → issue) and device time (issue → complete),
-//! keyed by submitter series, device and op.
+//! Block layer: per request, queue time (submission → issue), device time (issue → complete)
+//! and the whole time (submission → complete), keyed by submitter series, device and op.
 
 use crate::SeriesId;
 
@@ -9,12 +9,20 @@ use crate::SeriesId;
 pub enum BlockMetric {
     /// issue → complete. Its count is the request counter, its `bytes` the byte counter.
     Device = 0,
-    /// insert → issue (only requests that went through a scheduler queue).
+    /// submission → issue: from `block_io_start` (kernel >= 6.5), else from `block_rq_insert`
+    /// (so, before 6.5, only requests that went through a scheduler queue).
     Queue = 1,
     /// A completion pgio could not match to a request it saw start and issue (series 0,
     /// slot 0, no time): counted per device and op so a gap against /proc/diskstats can be
     /// told apart from the flush sequence's second completions on another device.
     Unmatched = 2,
+    /// submission → complete, the whole time a request took (`biolatency -Q`); issue →
+    /// complete where the submission went unseen.
+    Total = 3,
+    /// A request pgio saw issued whose completion it never saw (slot 0, no time, no bytes):
+    /// found when the kernel starts the same `struct request` again, or by the userspace sweep
+    /// of requests in flight for longer than `block_inflight_timeout_secs`.
+    Lost = 4,
 }
 
 impl BlockMetric {
@@ -22,6 +30,8 @@ impl BlockMetric {
         match v {
             1 => BlockMetric::Queue,
             2 => BlockMetric::Unmatched,
+            3 => BlockMetric::Total,
+            4 => BlockMetric::Lost,
             _ => BlockMetric::Device,
         }
     }
@@ -106,13 +116,31 @@ pub struct BlockIoKey {
 pub struct BlockIoInflight {
     /// Submitter's series (captured at `block_io_start` in the submitter's context).
     pub series: SeriesId,
-    pub _pad: u32,
+    /// Kernel `dev_t` of the disk, read at issue; 0 before issue.
+    pub dev: u32,
     /// `block_io_start` time, 0 when the request was first seen later (kernel without it).
     pub start_ns: u64,
     /// `block_rq_insert` time, 0 when the request skipped the scheduler queue.
     pub insert_ns: u64,
-    /// `block_rq_issue` time, 0 before issue.
+    /// `block_rq_issue` time, 0 before issue and again after a requeue.
     pub issue_ns: u64,
+    /// [`BlockOp`] as `u8`, read at issue.
+    pub op: u8,
+    pub _pad: [u8; 7],
+}
+
+impl BlockIoInflight {
+    /// When the request was submitted: `block_io_start`, else `block_rq_insert`, else issue.
+    #[inline(always)]
+    pub fn submitted_ns(&self) -> u64 {
+        if self.start_ns != 0 {
+            self.start_ns
+        } else if self.insert_ns != 0 {
+            self.insert_ns
+        } else {
+            self.issue_ns
+        }
+    }
 }
 
 /// `dev_t` as the kernel packs it internally (`MKDEV`).

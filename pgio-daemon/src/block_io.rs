@@ -1,10 +1,17 @@
 //! Userspace side of the block probes: reads `BLOCK_IO_HIST` at scrape time and writes the
-//! `pgio_block_io_*` families.
+//! `pgio_block_io_*` families; sweeps `BLOCK_IO_INFLIGHT` for requests whose completion never
+//! came (counted lost, so none is dropped in silence).
+use std::{sync::Mutex, time::Duration};
+
 use anyhow::Result;
-use aya::Ebpf;
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData},
+};
 use pgio_common::{
     SeriesId,
-    block_io::{BlockIoKey, BlockMetric, BlockOp},
+    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp},
+    hist::Bucket,
 };
 use tracing::warn;
 
@@ -13,11 +20,13 @@ use crate::{
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
     labels::BlockLabels,
+    lock,
     maps::take_map,
     provisional::Provisional,
 };
 
 const HIST_MAP: &str = "BLOCK_IO_HIST";
+const INFLIGHT_MAP: &str = "BLOCK_IO_INFLIGHT";
 
 /// One block histogram: a submitter series' requests on a device, by op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,19 +65,89 @@ impl HistKey for BlockIoKey {
 
 pub struct BlockIo {
     reader: HistReader<BlockIoKey>,
+    inflight: Mutex<HashMap<MapData, u64, BlockIoInflight>>,
+    timeout: Duration,
 }
 
 impl BlockIo {
-    pub fn take(ebpf: &mut Ebpf) -> Result<BlockIo> {
+    /// `timeout`: how long a request may be in flight before its completion counts as lost.
+    pub fn take(ebpf: &mut Ebpf, timeout: Duration) -> Result<BlockIo> {
         Ok(BlockIo {
             reader: HistReader::new(take_map(ebpf, HIST_MAP)?),
+            inflight: Mutex::new(take_map(ebpf, INFLIGHT_MAP)?),
+            timeout,
         })
     }
+
+    /// Counts as lost every request issued longer than `timeout` ago, and forgets it: the
+    /// kernel side finds a lost completion only when the same `struct request` starts again,
+    /// which an idle device may never do. An entry is booked only if this removed it, so a
+    /// completion racing the sweep is counted once (as lost, or by the kernel).
+    fn sweep(&self) -> Result<()> {
+        let now = monotonic_ns();
+        let timeout = self.timeout.as_nanos() as u64;
+        let mut map = lock(&self.inflight);
+        let stale: Vec<(u64, BlockIoInflight)> = map
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(_, e)| is_lost(e, now, timeout))
+            .collect();
+        for (rq, e) in stale {
+            if map.remove(&rq).is_ok() {
+                self.reader.book(
+                    lost_key(&e),
+                    Bucket {
+                        count: 1,
+                        sum: 0,
+                        bytes: 0,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn read_hists(&self, routes: &Provisional) -> Result<Hists<BlockIoId>> {
+        if let Err(e) = self.sweep() {
+            warn!(
+                error = format!("{e:#}"),
+                "sweeping block requests in flight"
+            );
+        }
+        self.reader.read(routes)
+    }
+}
+
+/// Issued (and not requeued since) longer than `timeout_ns` before `now_ns`.
+fn is_lost(e: &BlockIoInflight, now_ns: u64, timeout_ns: u64) -> bool {
+    e.issue_ns != 0 && now_ns.saturating_sub(e.issue_ns) > timeout_ns
+}
+
+fn lost_key(e: &BlockIoInflight) -> BlockIoKey {
+    BlockIoKey {
+        series: e.series,
+        dev: e.dev,
+        op: e.op,
+        metric: BlockMetric::Lost as u8,
+        slot: 0,
+        _pad: 0,
+    }
+}
+
+/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Source for BlockIo {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        let hists = self.reader.read(routes).unwrap_or_else(|e| {
+        let hists = self.read_hists(routes).unwrap_or_else(|e| {
             warn!(error = format!("{e:#}"), "reading block IO map");
             Hists::new()
         });
@@ -76,7 +155,7 @@ impl Source for BlockIo {
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.reader.read(routes).map(drop)
+        self.read_hists(routes).map(drop)
     }
 }
 
@@ -92,7 +171,12 @@ static DEVICE_SECONDS: Family = Family {
 };
 static QUEUE_SECONDS: Family = Family {
     name: "pgio_block_io_queue_seconds",
-    help: "Block request queue time, insert to issue, for requests that went through a scheduler queue (seconds).",
+    help: "Block request queue time, submission (block_io_start; block_rq_insert before kernel 6.5) to issue (seconds).",
+    kind: Kind::Histogram,
+};
+static SECONDS: Family = Family {
+    name: "pgio_block_io_seconds",
+    help: "Block request time, submission to complete: queue plus device time, like biolatency -Q (seconds).",
     kind: Kind::Histogram,
 };
 static REQUESTS: Family = Family {
@@ -108,6 +192,11 @@ static BYTES: Family = Family {
 static UNMATCHED: Family = Family {
     name: "pgio_block_io_unmatched_completions",
     help: "block_rq_complete events pgio could not match to a request it saw start and issue, by device and op: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), empty flushes (their flush request is counted), or requests issued before pgio started. Not lost IO as a rule.",
+    kind: Kind::Counter,
+};
+static LOST: Family = Family {
+    name: "pgio_block_io_lost_completions",
+    help: "Block requests pgio saw issued but never saw complete (the kernel started the same request again, or it was in flight longer than block_inflight_timeout_secs), by submitting process series. Not in pgio_block_io_requests_total.",
     kind: Kind::Counter,
 };
 
@@ -141,6 +230,10 @@ impl Snapshot for BlockIoSnapshot {
         for (id, h) in self.of(BlockMetric::Queue) {
             f.histogram(labels(id), h);
         }
+        let mut f = enc.family(&SECONDS);
+        for (id, h) in self.of(BlockMetric::Total) {
+            f.histogram(labels(id), h);
+        }
         let mut f = enc.family(&REQUESTS);
         for (id, h) in self.of(BlockMetric::Device) {
             f.counter(labels(id), h.count());
@@ -154,5 +247,30 @@ impl Snapshot for BlockIoSnapshot {
             let device = scrape.devices.name(id.dev);
             f.counter([("device", device), ("op", id.op.name())], h.count());
         }
+        let mut f = enc.family(&LOST);
+        for (id, h) in self.of(BlockMetric::Lost) {
+            f.counter(labels(id), h.count());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_issued_requests_older_than_the_timeout_are_lost() {
+        let e = |issue_ns| BlockIoInflight {
+            issue_ns,
+            ..Default::default()
+        };
+        let now = 100_000_000_000;
+        let timeout = 60_000_000_000;
+        assert!(is_lost(&e(now - timeout - 1), now, timeout));
+        assert!(!is_lost(&e(now - timeout), now, timeout));
+        // Started, never issued (merged, or sitting in a queue): not a lost completion.
+        assert!(!is_lost(&e(0), now, timeout));
+        // Issued after `now` was taken (a racing issue): not lost.
+        assert!(!is_lost(&e(now + 5), now, timeout));
     }
 }

@@ -39,6 +39,10 @@ pub struct Config {
     /// dropped (its kernel map entries deleted, its id reused): pods churn, series must not
     /// pile up.
     pub pod_series_retention_secs: u64,
+    /// A block request issued this long ago whose completion pgio has not seen is counted in
+    /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
+    /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
+    pub block_inflight_timeout_secs: u64,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,
 }
@@ -56,6 +60,7 @@ struct File {
     pod_log_dir: Option<Spanned<String>>,
     container_log_dir: Option<Spanned<String>>,
     pod_series_retention_secs: Option<Spanned<u64>>,
+    block_inflight_timeout_secs: Option<Spanned<u64>>,
     #[serde(default)]
     rule: Vec<RuleConfig>,
 }
@@ -82,6 +87,7 @@ impl Default for Config {
             pod_log_dir: "/var/log/pods".to_owned(),
             container_log_dir: "/var/log/containers".to_owned(),
             pod_series_retention_secs: 300,
+            block_inflight_timeout_secs: 180,
             rules: Vec::new(),
         }
     }
@@ -171,13 +177,18 @@ impl Config {
                 ));
             }
         }
-        if let Some(s) = &file.pod_series_retention_secs
-            && *s.get_ref() == 0
-        {
-            return Err(invalid(
-                s.span().start,
-                "pod_series_retention_secs must be at least 1".into(),
-            ));
+        for (key, secs) in [
+            ("pod_series_retention_secs", &file.pod_series_retention_secs),
+            (
+                "block_inflight_timeout_secs",
+                &file.block_inflight_timeout_secs,
+            ),
+        ] {
+            if let Some(s) = secs
+                && *s.get_ref() == 0
+            {
+                return Err(invalid(s.span().start, format!("{key} must be at least 1")));
+            }
         }
         let default = Config::default();
         Ok(Config {
@@ -199,6 +210,9 @@ impl Config {
             pod_series_retention_secs: file
                 .pod_series_retention_secs
                 .map_or(default.pod_series_retention_secs, Spanned::into_inner),
+            block_inflight_timeout_secs: file
+                .block_inflight_timeout_secs
+                .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
             rules: file.rule,
         })
     }
@@ -216,6 +230,10 @@ impl Config {
 
     pub fn pod_series_retention(&self) -> Duration {
         Duration::from_secs(self.pod_series_retention_secs)
+    }
+
+    pub fn block_inflight_timeout(&self) -> Duration {
+        Duration::from_secs(self.block_inflight_timeout_secs)
     }
 
     pub fn rescan_interval(&self) -> Duration {

@@ -97,6 +97,9 @@ pub type Hists<Id> = BTreeMap<Id, Log2Hist>;
 pub struct HistReader<K: HistKey> {
     map: Mutex<PerCpuHashMap<MapData, K, Bucket>>,
     carry: Mutex<Hists<K::Id>>,
+    /// Counts userspace books under a kernel key (`book`): they take the same routes as the
+    /// map's entries.
+    booked: Mutex<Vec<(K, Bucket)>>,
 }
 
 impl<K: HistKey> HistReader<K> {
@@ -104,6 +107,24 @@ impl<K: HistKey> HistReader<K> {
         HistReader {
             map: Mutex::new(map),
             carry: Mutex::default(),
+            booked: Mutex::default(),
+        }
+    }
+
+    /// Adds `b` under `key` from userspace, for what only userspace finds (the block sweep's
+    /// lost requests); writing the per-CPU map would race the kernel's own adds.
+    pub fn book(&self, key: K, b: Bucket)
+    where
+        K: PartialEq,
+    {
+        let mut booked = lock(&self.booked);
+        match booked.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, sum)) => {
+                sum.count += b.count;
+                sum.sum += b.sum;
+                sum.bytes += b.bytes;
+            }
+            None => booked.push((key, b)),
         }
     }
 
@@ -135,6 +156,20 @@ impl<K: HistKey> HistReader<K> {
             // Gone already is fine: nothing else deletes, and a late event recreates it.
             let _ = map.remove(key);
         }
+        lock(&self.booked).retain(|(key, b)| match routes.route(key.series()) {
+            Route::Own => {
+                out.entry(key.id(key.series()))
+                    .or_default()
+                    .add(key.slot(), b);
+                true
+            }
+            Route::Pending => true,
+            Route::Fold(series) => {
+                carry.entry(key.id(series)).or_default().add(key.slot(), b);
+                false
+            }
+            Route::Retired => false,
+        });
         if !routes.retired.is_empty() {
             carry.retain(|id, _| !routes.retired.contains(&K::series_of(id)));
         }

@@ -216,7 +216,10 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     // One registration per source; families are encoded in this order (device info last:
     // it lists the devices the others saw).
     let mut collector = Collector::new(shared.clone(), Devices::new(config.longhorn_device_dir()));
-    collector.register(block_io::BlockIo::take(&mut ebpf)?);
+    collector.register(block_io::BlockIo::take(
+        &mut ebpf,
+        config.block_inflight_timeout(),
+    )?);
     collector.register(syscall::Syscalls::take(&mut ebpf)?);
     collector.register(TrackedProcesses);
     collector.register(DeviceInfo);

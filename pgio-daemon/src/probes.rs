@@ -80,6 +80,7 @@ pub fn table() -> Vec<Probe> {
         probe("block_io_start", BtfTracePoint, true, BlockIo),
         probe("block_rq_insert", BtfTracePoint, false, BlockIo),
         probe("block_rq_issue", BtfTracePoint, false, BlockIo),
+        probe("block_rq_requeue", BtfTracePoint, false, BlockIo),
         probe("block_rq_complete", BtfTracePoint, false, BlockIo),
         probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
         probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),

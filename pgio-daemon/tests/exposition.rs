@@ -138,6 +138,15 @@ fn golden_readings() -> Readings {
         block(untracked, vda, BlockOp::Flush, BlockMetric::Unmatched),
         unmatched(7),
     );
+    // Newer than golden/: the whole time of one series, and its lost completions.
+    hists.insert(
+        block(pg, sdb, BlockOp::Read, BlockMetric::Total),
+        one_request(),
+    );
+    hists.insert(
+        block(pg, sdb, BlockOp::Read, BlockMetric::Lost),
+        unmatched(3),
+    );
     for (s, sc, cache) in [
         (pg, Syscall::Pread64, Cache::Hit),
         (pg, Syscall::Pread64, Cache::Miss),
@@ -214,10 +223,18 @@ fn families(text: &str) -> Vec<String> {
     out
 }
 
-/// Families newer than `golden/`, with their one sample in `golden_readings`.
-const NEWER_FAMILIES: [(&str, &str); 2] = [
+/// Families newer than `golden/`, with their last sample in `golden_readings`.
+const NEWER_FAMILIES: [(&str, &str); 4] = [
     ("pgio_series", "pgio_series 5"),
     ("pgio_series_retired", "pgio_series_retired_total 0"),
+    (
+        "pgio_block_io_seconds",
+        r#"pgio_block_io_seconds_bucket{le="+Inf",device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",cluster="15/main",volume="pvc-b"} 1"#,
+    ),
+    (
+        "pgio_block_io_lost_completions",
+        r#"pgio_block_io_lost_completions_total{device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",cluster="15/main",volume="pvc-b"} 3"#,
+    ),
 ];
 
 #[test]

@@ -1,7 +1,10 @@
-//! Block requests: submitter at `block_io_start` (its context), queue time insert → issue,
-//! device time issue → complete, joined on the `struct request *`. Completion runs in
-//! softirq/IRQ context, so it never looks at "current".
+//! Block requests: submitter at `block_io_start` (its context), queue time submission → issue,
+//! device time issue → complete, whole time submission → complete, joined on the
+//! `struct request *`. Completion runs in softirq/IRQ context, so it never looks at "current".
+//! A request is never dropped in silence: one whose completion pgio never sees (the kernel
+//! skips its program for ~1 in 1,000-10,000 completions, see README) is counted `Lost`.
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map},
     maps::{LruHashMap, PerCpuHashMap},
@@ -32,63 +35,6 @@ fn current_series() -> SeriesId {
 }
 
 #[inline(always)]
-fn start(rq: u64, series: SeriesId, start_ns: u64) -> Option<*mut BlockIoInflight> {
-    let v = BlockIoInflight {
-        series,
-        start_ns,
-        ..Default::default()
-    };
-    if BLOCK_IO_INFLIGHT.insert(&rq, &v, 0).is_err() {
-        drops::count(DropReason::InflightFull);
-        return None;
-    }
-    BLOCK_IO_INFLIGHT.get_ptr_mut(&rq)
-}
-
-/// Runs in the submitter's context (kernel >= 6.5).
-#[btf_tracepoint(function = "block_io_start")]
-pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
-    let series = current_series();
-    let _ = start(rq, series, unsafe { bpf_ktime_get_ns() });
-    if series.is_tracked() {
-        syscall::mark_block_io();
-    }
-    0
-}
-
-/// Only requests that go through a scheduler queue get here. A request we have not seen yet
-/// (kernel without `block_io_start`) is attributed to the inserting task.
-#[btf_tracepoint(function = "block_rq_insert")]
-pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
-    let e = match BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
-        Some(e) => e,
-        None => match start(rq, current_series(), 0) {
-            Some(e) => e,
-            None => return 0,
-        },
-    };
-    // SAFETY: map value pointer; a racing completion can at worst make this entry stale.
-    unsafe { (*e).insert_ns = bpf_ktime_get_ns() };
-    0
-}
-
-#[btf_tracepoint(function = "block_rq_issue")]
-pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
-    let e = match BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
-        Some(e) => e,
-        None => match start(rq, current_series(), 0) {
-            Some(e) => e,
-            None => return 0,
-        },
-    };
-    unsafe { (*e).issue_ns = bpf_ktime_get_ns() };
-    0
-}
-
-#[inline(always)]
 unsafe fn read<T>(addr: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(addr as *const T).ok() }
 }
@@ -113,6 +59,133 @@ fn device_and_op(rq: u64) -> Option<(u32, BlockOp)> {
     }
 }
 
+/// One count on a series' `metric` histogram (slot 0, no time): `Lost` and `Unmatched`.
+#[inline(always)]
+fn count(series: SeriesId, dev: u32, op: u8, metric: BlockMetric, bytes: u32) {
+    let key = BlockIoKey {
+        series,
+        dev,
+        op,
+        metric: metric as u8,
+        slot: 0,
+        _pad: 0,
+    };
+    hist::add(&BLOCK_IO_HIST, &key, 0, bytes as u64);
+}
+
+/// The kernel starts a request pgio still holds as issued: its completion was never seen, so
+/// it is counted as lost rather than overwritten in silence. Requeued requests had their issue
+/// cleared.
+#[inline(always)]
+fn lost_if_issued(e: &BlockIoInflight) {
+    if e.issue_ns != 0 {
+        count(e.series, e.dev, e.op, BlockMetric::Lost, 0);
+    }
+}
+
+/// A new in-flight entry. `BPF_NOEXIST` keeps the common path at one map operation; only a
+/// request pgio still holds (lost completion, or a merged request freed unissued) takes the
+/// second.
+#[inline(always)]
+fn start(rq: u64, series: SeriesId, start_ns: u64) -> Option<*mut BlockIoInflight> {
+    let v = BlockIoInflight {
+        series,
+        start_ns,
+        ..Default::default()
+    };
+    if BLOCK_IO_INFLIGHT
+        .insert(&rq, &v, BPF_NOEXIST as u64)
+        .is_err()
+    {
+        if let Some(old) = BLOCK_IO_INFLIGHT.get_ptr(&rq) {
+            lost_if_issued(unsafe { &*old });
+        }
+        if BLOCK_IO_INFLIGHT.insert(&rq, &v, 0).is_err() {
+            drops::count(DropReason::InflightFull);
+            return None;
+        }
+    }
+    BLOCK_IO_INFLIGHT.get_ptr_mut(&rq)
+}
+
+/// The request's entry, made here when pgio did not see it start (kernel without
+/// `block_io_start`: attributed to the task inserting or issuing it). An entry still issued
+/// when the kernel inserts the request again lost its completion (a requeue clears it).
+#[inline(always)]
+fn entry(rq: u64) -> Option<*mut BlockIoInflight> {
+    match BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
+        Some(e) => {
+            // SAFETY: map value pointer; only this request's own events touch it.
+            unsafe {
+                if (*e).issue_ns != 0 && (*e).start_ns == 0 {
+                    lost_if_issued(&*e);
+                    (*e).series = current_series();
+                    (*e).insert_ns = 0;
+                    (*e).issue_ns = 0;
+                }
+            }
+            Some(e)
+        }
+        None => start(rq, current_series(), 0),
+    }
+}
+
+/// Runs in the submitter's context (kernel >= 6.5).
+#[btf_tracepoint(function = "block_io_start")]
+pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let series = current_series();
+    let _ = start(rq, series, unsafe { bpf_ktime_get_ns() });
+    if series.is_tracked() {
+        syscall::mark_block_io();
+    }
+    0
+}
+
+/// Only requests that go through a scheduler queue (or a requeue) get here.
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let Some(e) = entry(rq) else {
+        return 0;
+    };
+    // SAFETY: map value pointer; a racing completion can at worst make this entry stale.
+    unsafe {
+        if (*e).insert_ns == 0 {
+            (*e).insert_ns = bpf_ktime_get_ns();
+        }
+    }
+    0
+}
+
+/// Reads the device and op here, in the issuer's context, so that the completion (IRQ
+/// context, the hotter path) reads nothing but the entry.
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let Some(e) = entry(rq) else {
+        return 0;
+    };
+    let (dev, op) = device_and_op(rq).unwrap_or((0, BlockOp::Other));
+    unsafe {
+        (*e).dev = dev;
+        (*e).op = op as u8;
+        (*e).issue_ns = bpf_ktime_get_ns();
+    }
+    0
+}
+
+/// A requeued request is issued again later: not a lost completion. Its times keep running
+/// from its first submission.
+#[btf_tracepoint(function = "block_rq_requeue")]
+pub fn block_rq_requeue(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    if let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
+        unsafe { (*e).issue_ns = 0 };
+    }
+    0
+}
+
 /// A completion with no in-flight entry, or of a request never issued itself, counted per
 /// device and op. Not a loss as a rule: a request that goes through a flush sequence
 /// (REQ_PREFLUSH/REQ_FUA) fires `block_rq_complete` twice, once for its data and once at the
@@ -124,15 +197,65 @@ fn unmatched(rq: u64, nr_bytes: u32) {
         drops::count(DropReason::DeviceUnreadable);
         return;
     };
-    let key = BlockIoKey {
-        series: SeriesId::UNTRACKED,
+    count(
+        SeriesId::UNTRACKED,
         dev,
-        op: op as u8,
-        metric: BlockMetric::Unmatched as u8,
+        op as u8,
+        BlockMetric::Unmatched,
+        nr_bytes,
+    );
+}
+
+#[inline(always)]
+fn observe(key: &mut BlockIoKey, metric: BlockMetric, ns: u64, bytes: u32) {
+    key.metric = metric as u8;
+    key.slot = slot(ns);
+    hist::add(&BLOCK_IO_HIST, key, ns, bytes as u64);
+}
+
+/// Books one completed request: device time, whole time, and queue time when it has one.
+#[inline(always)]
+fn complete(rq: u64, mut e: BlockIoInflight, now: u64, nr_bytes: u32) {
+    if e.issue_ns == 0 {
+        // Never issued itself: an empty flush (the flush sequence issues its own flush
+        // request, which is counted; the kernel does not account the original either).
+        if e.start_ns == 0 || nr_bytes == 0 {
+            unmatched(rq, nr_bytes);
+            return;
+        }
+        // Started, carried data, but its issue went unseen: still one request of this
+        // submitter, timed from its start.
+        drops::count(DropReason::IssueMissed);
+        e.issue_ns = e.start_ns;
+        e.insert_ns = 0;
+    }
+    if e.dev == 0 {
+        let Some((dev, op)) = device_and_op(rq) else {
+            drops::count(DropReason::DeviceUnreadable);
+            return;
+        };
+        e.dev = dev;
+        e.op = op as u8;
+    }
+    let mut key = BlockIoKey {
+        series: e.series,
+        dev: e.dev,
+        op: e.op,
+        metric: 0,
         slot: 0,
         _pad: 0,
     };
-    hist::add(&BLOCK_IO_HIST, &key, 0, nr_bytes as u64);
+    observe(
+        &mut key,
+        BlockMetric::Device,
+        now.wrapping_sub(e.issue_ns),
+        nr_bytes,
+    );
+    let submitted = e.submitted_ns();
+    observe(&mut key, BlockMetric::Total, now.wrapping_sub(submitted), 0);
+    if submitted < e.issue_ns {
+        observe(&mut key, BlockMetric::Queue, e.issue_ns - submitted, 0);
+    }
 }
 
 /// `block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes)`.
@@ -145,40 +268,8 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         unmatched(rq, nr_bytes);
         return 0;
     };
-    let mut e = unsafe { *e };
+    let e = unsafe { *e };
     let _ = BLOCK_IO_INFLIGHT.remove(&rq);
-    if e.issue_ns == 0 {
-        // Never issued itself: an empty flush (the flush sequence issues its own flush
-        // request, which is counted; the kernel does not account the original either).
-        if e.start_ns == 0 || nr_bytes == 0 {
-            unmatched(rq, nr_bytes);
-            return 0;
-        }
-        // Started, carried data, but its issue went unseen: still one request of this
-        // submitter.
-        drops::count(DropReason::IssueMissed);
-        e.issue_ns = e.start_ns;
-        e.insert_ns = 0;
-    }
-    let Some((dev, op)) = device_and_op(rq) else {
-        drops::count(DropReason::DeviceUnreadable);
-        return 0;
-    };
-    let device_ns = now.wrapping_sub(e.issue_ns);
-    let mut key = BlockIoKey {
-        series: e.series,
-        dev,
-        op: op as u8,
-        metric: BlockMetric::Device as u8,
-        slot: slot(device_ns),
-        _pad: 0,
-    };
-    hist::add(&BLOCK_IO_HIST, &key, device_ns, nr_bytes as u64);
-    if e.insert_ns != 0 && e.issue_ns >= e.insert_ns {
-        let queue_ns = e.issue_ns - e.insert_ns;
-        key.metric = BlockMetric::Queue as u8;
-        key.slot = slot(queue_ns);
-        hist::add(&BLOCK_IO_HIST, &key, queue_ns, 0);
-    }
+    complete(rq, e, now, nr_bytes);
     0
 }

@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod daemonset;
 pub mod diskstats;
 pub mod ext4;
+pub mod fio;
 pub mod kubepods;
 pub mod load;
 pub mod longhorn;

@@ -30,6 +30,17 @@ impl LoopDevice {
     /// actually enabled direct IO (`/sys/block/loopN/loop/dio` = 1), so the device's reads
     /// are not absorbed by the backing file's page cache.
     pub fn create(dir: &Path, size_bytes: u64, direct_io: bool) -> Result<Self> {
+        Self::create_backed(dir, size_bytes, direct_io, false)
+    }
+
+    /// Like `create`, but every block of the backing file is written (and synced) first, so
+    /// the device's reads are real reads of the disk below: a sparse file's holes read as
+    /// zeros without any IO, in ~20 µs.
+    pub fn create_written(dir: &Path, size_bytes: u64, direct_io: bool) -> Result<Self> {
+        Self::create_backed(dir, size_bytes, direct_io, true)
+    }
+
+    fn create_backed(dir: &Path, size_bytes: u64, direct_io: bool, written: bool) -> Result<Self> {
         ensure!(
             size_bytes > 0 && size_bytes.is_multiple_of(512),
             "loop size must be a positive multiple of 512"
@@ -42,6 +53,10 @@ impl LoopDevice {
         file.as_file()
             .set_len(size_bytes)
             .with_context(|| format!("sizing {}", file.path().display()))?;
+        if written {
+            write_all_blocks(file.as_file(), size_bytes)
+                .with_context(|| format!("writing {}", file.path().display()))?;
+        }
         let backing = file.into_temp_path();
         let mut dev = Self::attach(&backing, direct_io)?;
         dev.backing = Some(backing);
@@ -180,6 +195,22 @@ impl Drop for LoopDevice {
             );
         }
     }
+}
+
+/// Fills `file` with a non-zero pattern (zeros would do too; a pattern shows in a hexdump that
+/// the blocks came from here) and syncs it.
+fn write_all_blocks(file: &std::fs::File, size_bytes: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    let mut w = std::io::BufWriter::new(file);
+    let mut left = size_bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        w.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    w.flush()?;
+    file.sync_all()
 }
 
 fn read_sys(path: &Path) -> Result<String> {

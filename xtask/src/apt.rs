@@ -7,7 +7,15 @@ use anyhow::{Result, bail};
 
 use crate::util::{is_root, run, step, which};
 
-const PACKAGES: &[&str] = &["postgresql-15", "e2fsprogs", "util-linux", "procps", "curl"];
+const PACKAGES: &[&str] = &[
+    "postgresql-15",
+    "e2fsprogs",
+    "util-linux",
+    "procps",
+    "curl",
+    // The independent check of block request counts and latencies (tests/fio.rs).
+    "fio",
+];
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// `dpkg -s <pkg>` reports `Status: install ok installed`.

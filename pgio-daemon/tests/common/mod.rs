@@ -71,7 +71,8 @@ pub fn delta_by(
 /// dropped events by reason, BPF recursion misses by program.
 pub fn losses(before: &Metrics, after: &Metrics) -> String {
     format!(
-        "unmatched completions {}, dropped {:?}, recursion misses {:?}",
+        "lost completions {}, unmatched completions {}, dropped {:?}, recursion misses {:?}",
+        delta(before, after, "pgio_block_io_lost_completions_total", &[]),
         delta(
             before,
             after,
@@ -89,16 +90,22 @@ pub fn losses(before: &Metrics, after: &Metrics) -> String {
     )
 }
 
-/// Requests of `device`/`op` pgio says it may have missed in a window: completions on that
-/// device it could not match to a request it saw start, and `block_rq_complete` runs the
-/// kernel skipped because the program was already running on that CPU (it counts them per
-/// program, not per device).
+/// Requests of `device`/`op` pgio says it may have missed in a window: requests it saw issued
+/// but never saw complete, completions on that device it could not match to a request it saw
+/// start, and `block_rq_complete` runs the kernel skipped because the program was already
+/// running on that CPU (it counts them per program, not per device).
 pub fn reported_block_losses(before: &Metrics, after: &Metrics, device: &str, op: &str) -> f64 {
+    let on_device = [("device", device), ("op", op)];
     delta(
         before,
         after,
+        "pgio_block_io_lost_completions_total",
+        &on_device,
+    ) + delta(
+        before,
+        after,
         "pgio_block_io_unmatched_completions_total",
-        &[("device", device), ("op", op)],
+        &on_device,
     ) + delta(
         before,
         after,
