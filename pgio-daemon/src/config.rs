@@ -387,6 +387,23 @@ mod tests {
     }
 
     #[test]
+    fn block_inflight_timeout_default_set_and_zero_refused() {
+        assert_eq!(
+            Config::default().block_inflight_timeout(),
+            Duration::from_secs(180)
+        );
+        let c = Config::parse("block_inflight_timeout_secs = 2\n", "c.toml").expect("valid");
+        assert_eq!(c.block_inflight_timeout(), Duration::from_secs(2));
+        let msg = Config::parse("\nblock_inflight_timeout_secs = 0\n", "c.toml")
+            .expect_err("zero")
+            .to_string();
+        assert_eq!(
+            msg,
+            "c.toml:2: block_inflight_timeout_secs must be at least 1"
+        );
+    }
+
+    #[test]
     fn rule_without_matcher_is_refused() {
         let e = Config::parse("[[rule]]\napp = \"a\"\n", "c.toml").expect_err("no matcher");
         assert!(e.to_string().contains("at least one of"), "{e}");

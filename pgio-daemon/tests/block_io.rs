@@ -1,13 +1,17 @@
-//! Test a: direct reads on a loop device. pgio's read request count for the device equals the
-//! /proc/diskstats delta, and the reads are attributed to the process that did them.
+//! Test a: direct reads on a loop device. pgio's read requests for the device plus the ones it
+//! reports lost equal the /proc/diskstats delta exactly, and the reads are attributed to the
+//! process that did them.
 mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, delta, snapshot};
-use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, temp_dir};
+use common::{Daemon, delta, losses, snapshot};
+use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, rules_config, temp_dir};
 
 const READS: u64 = 20_000;
+/// The daemon counts a request lost 1 s after its issue if its completion never came; a
+/// window waits that out at both ends so it neither gains nor loses one.
+const SETTLE: Duration = Duration::from_millis(1300);
 
 #[test]
 fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
@@ -16,7 +20,11 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
     }
     let dir = temp_dir().expect("temp dir");
     let lo = LoopDevice::create(dir.path(), 256 << 20, true).expect("loop device");
-    let daemon = Daemon::start(&[("test", "direct-read", "^pgio-load$")]).expect("daemon");
+    let daemon = Daemon::with_config(&format!(
+        "block_inflight_timeout_secs = 1\n{}",
+        rules_config(&[("test", "direct-read", "^pgio-load$")])
+    ))
+    .expect("daemon");
     let dev = lo.path().to_str().expect("utf-8 path").to_owned();
     let mut load = LoadProcess::spawn(
         &pgio_load_bin().expect("pgio-load"),
@@ -27,13 +35,21 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
     // udev/blkid probe a new loop device: let that finish before the window opens.
     lo.wait_quiet(Duration::from_secs(5));
 
+    std::thread::sleep(SETTLE);
     let (before, disk_before) = snapshot(&daemon, lo.name());
     assert_eq!(load.expect_run(), READS);
+    std::thread::sleep(SETTLE);
     let (after, disk_after) = snapshot(&daemon, lo.name());
 
     let device = [("device", lo.name()), ("op", "read")];
     let disk_reads = (disk_after.reads_completed - disk_before.reads_completed) as f64;
     let pgio_reads = delta(&before, &after, "pgio_block_io_requests_total", &device);
+    let lost = delta(
+        &before,
+        &after,
+        "pgio_block_io_lost_completions_total",
+        &device,
+    );
     let attributed = delta(
         &before,
         &after,
@@ -58,16 +74,22 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
         &[("device", lo.name()), ("op", "read"), ("app", "test")],
     );
     eprintln!(
-        "diskstats reads {disk_reads}, pgio reads {pgio_reads}, attributed to pid {} {attributed}, bytes {bytes}",
-        load.pid()
+        "diskstats reads {disk_reads}, pgio reads {pgio_reads} + lost {lost}, attributed to pid {} {attributed}, bytes {bytes}; {}",
+        load.pid(),
+        losses(&before, &after)
     );
     assert!(
         disk_reads >= READS as f64,
         "diskstats saw {disk_reads} reads"
     );
+    assert_eq!(
+        pgio_reads + lost,
+        disk_reads,
+        "pgio counted {pgio_reads} read requests and {lost} lost, /proc/diskstats {disk_reads}"
+    );
     assert!(
-        (pgio_reads - disk_reads).abs() <= 0.001 * disk_reads,
-        "pgio counted {pgio_reads} read requests, /proc/diskstats {disk_reads}"
+        lost <= 0.01 * disk_reads,
+        "{lost} of {disk_reads} completions never seen"
     );
     assert!(
         attributed >= 0.99 * pgio_reads,

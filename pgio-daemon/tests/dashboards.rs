@@ -54,6 +54,12 @@ const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[
         "B",
         "PostgreSQL 15 has no io workers (PostgreSQL 18, io_method = worker)",
     ),
+    (
+        "pgio-self",
+        "Unmatched and lost block completions per second",
+        "B",
+        "a lost completion is the kernel skipping pgio's program (README), 0 in most windows",
+    ),
 ];
 
 const RATE_INTERVAL: &str = "15s";

@@ -24,5 +24,9 @@ fn deploy_config_is_accepted_and_holds_the_defaults() {
         shipped.pod_series_retention_secs,
         d.pod_series_retention_secs
     );
+    assert_eq!(
+        shipped.block_inflight_timeout_secs,
+        d.block_inflight_timeout_secs
+    );
     assert!(shipped.rules.is_empty(), "no rules by default");
 }

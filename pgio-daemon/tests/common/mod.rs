@@ -90,30 +90,6 @@ pub fn losses(before: &Metrics, after: &Metrics) -> String {
     )
 }
 
-/// Requests of `device`/`op` pgio says it may have missed in a window: requests it saw issued
-/// but never saw complete, completions on that device it could not match to a request it saw
-/// start, and `block_rq_complete` runs the kernel skipped because the program was already
-/// running on that CPU (it counts them per program, not per device).
-pub fn reported_block_losses(before: &Metrics, after: &Metrics, device: &str, op: &str) -> f64 {
-    let on_device = [("device", device), ("op", op)];
-    delta(
-        before,
-        after,
-        "pgio_block_io_lost_completions_total",
-        &on_device,
-    ) + delta(
-        before,
-        after,
-        "pgio_block_io_unmatched_completions_total",
-        &on_device,
-    ) + delta(
-        before,
-        after,
-        "pgio_bpf_recursion_misses_total",
-        &[("program", "block_rq_complete")],
-    )
-}
-
 /// A scrape and the device's /proc/diskstats taken with no request completing in between
 /// (diskstats read before and after the scrape agree), so both sides count the same window.
 pub fn snapshot(daemon: &Daemon, device: &str) -> (Metrics, DiskStats) {

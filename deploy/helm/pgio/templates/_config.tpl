@@ -12,6 +12,7 @@ pod_labels = {{ $c.pod_labels }}
 pod_log_dir = {{ include "pgio.tomlString" $c.pod_log_dir }}
 container_log_dir = {{ include "pgio.tomlString" $c.container_log_dir }}
 pod_series_retention_secs = {{ int $c.pod_series_retention_secs }}
+block_inflight_timeout_secs = {{ int $c.block_inflight_timeout_secs }}
 {{- range $rule := $c.rules }}
 
 [[rule]]
