@@ -81,8 +81,8 @@ impl BlockIo {
 
     /// Counts as lost every request issued longer than `timeout` ago, and forgets it: the
     /// kernel side finds a lost completion only when the same `struct request` starts again,
-    /// which an idle device may never do. An entry is booked only if this removed it, so a
-    /// completion racing the sweep is counted once (as lost, or by the kernel).
+    /// which an idle device may never do. Whoever deletes an entry counts it (this sweep, or
+    /// the completion program), so a completion racing the sweep is counted once.
     fn sweep(&self) -> Result<()> {
         let now = monotonic_ns();
         let timeout = self.timeout.as_nanos() as u64;

@@ -112,3 +112,140 @@ fn direct_reads_match_diskstats_and_are_attributed_to_their_process() {
     );
     daemon.stop().expect("clean daemon exit");
 }
+
+/// Sends SIGCONT to a process this test stopped, also when an assertion fails first.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        // SAFETY: plain syscall on a child process of this test (the stand-in's frontend).
+        assert_eq!(
+            unsafe { libc::kill(pid as i32, libc::SIGSTOP) },
+            0,
+            "SIGSTOP"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
+/// A request whose completion does not come within `block_inflight_timeout_secs` is counted
+/// lost, on its submitter's series, by the next scrape; when it does complete later it is
+/// not counted a second time (the sweep deleted it: the completion is `unmatched`). The
+/// request is held by stopping the FUSE server under the Longhorn stand-in's volume device.
+#[test]
+fn a_request_that_never_completes_is_counted_lost_once() {
+    if !require_root("a_request_that_never_completes_is_counted_lost_once") {
+        return;
+    }
+    let vol = pgio_testkit::LonghornVolume::start(pgio_testkit::LonghornOptions {
+        replicas: 1,
+        sync_agent: false,
+        ..Default::default()
+    })
+    .expect("Longhorn stand-in");
+    let daemon = Daemon::with_config(&format!(
+        "block_inflight_timeout_secs = 1\nlonghorn_device_dir = \"\"\n{}",
+        rules_config(&[("test", "stalled-read", "^dd$")])
+    ))
+    .expect("daemon");
+    assert!(
+        vol.wait_quiet(Duration::from_secs(10)),
+        "volume never quiet"
+    );
+    let dev = vol.device_name().to_owned();
+    let device = [("device", dev.as_str()), ("op", "read")];
+    let on_dd = [
+        ("device", dev.as_str()),
+        ("op", "read"),
+        ("app", "test"),
+        ("role", "stalled-read"),
+    ];
+    std::thread::sleep(SETTLE);
+    let (before, disk_before) = snapshot(&daemon, &dev);
+
+    let stopped = Stopped::stop(vol.frontend_pid());
+    let mut dd = std::process::Command::new("dd")
+        .arg(format!("if={}", vol.device().display()))
+        .args([
+            "of=/dev/null",
+            "bs=4096",
+            "count=1",
+            "skip=1000",
+            "iflag=direct",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn dd");
+    let in_flight = || {
+        std::fs::read_to_string(format!("/sys/block/{dev}/inflight"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        pgio_testkit::wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+            in_flight() == 1
+        }),
+        "dd's read never went in flight on {dev}"
+    );
+    std::thread::sleep(SETTLE);
+    let mid = daemon.scrape();
+    let d = |a: &pgio_testkit::Metrics, b: &pgio_testkit::Metrics, name, labels: &[_]| {
+        delta(a, b, name, labels)
+    };
+    let lost_mid = d(
+        &before,
+        &mid,
+        "pgio_block_io_lost_completions_total",
+        &on_dd,
+    );
+    let counted_mid = d(&before, &mid, "pgio_block_io_requests_total", &device);
+
+    drop(stopped);
+    let status = dd.wait().expect("dd");
+    assert!(
+        vol.wait_quiet(Duration::from_secs(10)),
+        "volume never quiet"
+    );
+    let (after, disk_after) = snapshot(&daemon, &dev);
+    let disk = (disk_after.reads_completed - disk_before.reads_completed) as f64;
+    let lost = d(
+        &before,
+        &after,
+        "pgio_block_io_lost_completions_total",
+        &device,
+    );
+    let counted = d(&before, &after, "pgio_block_io_requests_total", &device);
+    let unmatched = d(
+        &before,
+        &after,
+        "pgio_block_io_unmatched_completions_total",
+        &device,
+    );
+    eprintln!(
+        "held: in flight {}, lost {lost_mid}, counted {counted_mid}; released ({status}): \
+         diskstats {disk}, counted {counted}, lost {lost}, unmatched {unmatched}; {}",
+        in_flight(),
+        losses(&before, &after)
+    );
+    assert!(status.success(), "dd failed: {status}");
+    assert_eq!(
+        (lost_mid, counted_mid),
+        (1.0, 0.0),
+        "held past the timeout: lost on dd's series, not counted"
+    );
+    assert_eq!(disk, 1.0, "diskstats reads of {dev}");
+    assert_eq!(
+        (counted, lost, unmatched),
+        (0.0, 1.0, 1.0),
+        "released: still lost once, its late completion unmatched, not counted"
+    );
+    daemon.stop().expect("clean daemon exit");
+}

@@ -269,7 +269,13 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let e = unsafe { *e };
-    let _ = BLOCK_IO_INFLIGHT.remove(&rq);
+    // Whoever deletes the entry counts the request: gone (ENOENT) means userspace's sweep just
+    // counted it lost. Any other failure still counts it here.
+    if BLOCK_IO_INFLIGHT.remove(&rq) == Err(-ENOENT) {
+        return 0;
+    }
     complete(rq, e, now, nr_bytes);
     0
 }
+
+const ENOENT: i32 = 2;
