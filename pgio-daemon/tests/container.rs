@@ -22,6 +22,9 @@ use pgio_testkit::{
 
 const READS: u64 = 2_000;
 const APP: &str = "container-test";
+/// The container's daemon counts a request lost 1 s after its issue when its completion never
+/// came; a window waits that out at both ends so it neither gains nor loses one.
+const SETTLE: Duration = Duration::from_millis(1300);
 /// The hostPath mounts pod labels are read from.
 const KUBELET_DIRS: [&str; 2] = ["/var/log/pods", "/var/log/containers"];
 const PG_PORT: u16 = 55_471;
@@ -85,8 +88,13 @@ impl NodeFiles {
         for doc in manifest.docs.iter().filter(|d| d["kind"] == "ConfigMap") {
             let name = doc["metadata"]["name"].as_str().expect("ConfigMap name");
             let mut data = manifest.config_map_data(name).expect("ConfigMap data");
-            // The test's user rule goes into the config file the DaemonSet passes.
+            // The test's user rule goes into the config file the DaemonSet passes, and requests
+            // never seen completing count as lost after 1 s instead of the shipped 180 s, so a
+            // window can wait that out.
             if let Some(toml) = data.get_mut("pgio.toml") {
+                let shipped = "\nblock_inflight_timeout_secs = 180\n";
+                assert!(toml.contains(shipped), "{name}: no `{}`", shipped.trim());
+                *toml = toml.replace(shipped, "\nblock_inflight_timeout_secs = 1\n");
                 toml.push_str(extra_config);
             }
             config_maps.insert(name.to_owned(), data);
@@ -386,6 +394,7 @@ fn daemonset_security_context_in_podman() {
         .add("tenant", "reader-0", &uid, "dd", &container_id)
         .expect("pod logs");
     lo.wait_quiet(Duration::from_secs(5));
+    std::thread::sleep(SETTLE);
     let (before, disk_before) = full.snapshot(lo.name());
     let mut dd = std::process::Command::new("dd");
     dd.arg(format!("if={}", lo.path().display()))
@@ -398,11 +407,18 @@ fn daemonset_security_context_in_podman() {
         "dd: {}",
         String::from_utf8_lossy(&dd.stderr)
     );
+    std::thread::sleep(SETTLE);
     let (after, disk_after) = full.snapshot(lo.name());
     let disk_reads = (disk_after.reads_completed - disk_before.reads_completed) as f64;
+    // Counted, or counted lost (README: every request is counted or reported).
     let delta = |labels: &[(&str, &str)]| {
-        after.sum("pgio_block_io_requests_total", labels)
-            - before.sum("pgio_block_io_requests_total", labels)
+        [
+            "pgio_block_io_requests_total",
+            "pgio_block_io_lost_completions_total",
+        ]
+        .iter()
+        .map(|f| after.sum(f, labels) - before.sum(f, labels))
+        .sum::<f64>()
     };
     let device = [("device", lo.name()), ("op", "read")];
     let on_device = delta(&device);
