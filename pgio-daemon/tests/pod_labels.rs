@@ -30,8 +30,8 @@ fn config(logs: &PodLogs, rules: &[(&str, &str, &str)]) -> String {
 }
 
 /// The daemon counts a request lost 1 s after its issue when its completion never came (the
-/// kernel skips pgio's completion program for up to ~0.4 % of them, README): a window waits that out
-/// at both ends so it neither gains nor loses one.
+/// kernel skips pgio's completion program for up to ~0.4 % of them, README): a window waits
+/// that out at both ends so it neither gains nor loses one.
 const SETTLE: Duration = Duration::from_millis(1300);
 
 /// The pod labels block reads of `app` went to in a window, counted or counted lost:
