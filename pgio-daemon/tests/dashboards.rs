@@ -3,7 +3,8 @@
 //! `dashboards_are_well_formed` (no root): each file is JSON in Grafana 10/11's schema with
 //! unique panel ids, non-overlapping panels, the `${datasource}` Prometheus variable on every
 //! panel, target and query variable, no UIDs but the dashboard's own, and no undefined
-//! variable in a query.
+//! variable in a query; heatmap panels (every one in [`HEATMAPS`] present) draw pgio's `le`
+//! buckets as they are (`format: heatmap`, `calculate: false`, `sum by (le)`).
 //!
 //! `every_panel_query_returns_data` (root): the Longhorn stand-in (2 replicas, the volume's
 //! loop device given mq-deadline like a real Longhorn SCSI disk), ext4 and PostgreSQL 15 on
@@ -14,7 +15,8 @@
 //! API, then Grafana's escaping for single values, multiple values and "All"), and every panel
 //! target is run with `/api/v1/query` (`$__rate_interval` = 15 s): it must parse and — but for
 //! the targets in [`MAY_BE_EMPTY`], each with its reason — return at least one series with a
-//! finite value. Once with the variables' defaults ("All" where offered), and once more,
+//! finite value, and a heatmap target one cumulative series per `le` up to `+Inf` with
+//! observations. Once with the variables' defaults ("All" where offered), and once more,
 //! parse-only, with one concrete value each. `--nocapture` prints every target's result.
 //! `PGIO_DASHBOARDS_HOLD_SECS=<n>` keeps everything up for n seconds before the queries and
 //! prints Prometheus' address, to try queries by hand.
@@ -61,6 +63,102 @@ const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[
         "a lost completion is the kernel skipping pgio's program (README), 0 in most windows",
     ),
 ];
+
+/// Heatmap panels each dashboard must have (dashboard uid, title): the latency distributions a
+/// user reads like bpftrace's log2 histograms.
+const HEATMAPS: &[(&str, &str)] = &[
+    (
+        "pgio-postgres",
+        "Read latency heatmap, page-cache misses: $role",
+    ),
+    (
+        "pgio-postgres",
+        "Read latency heatmap, page-cache hits: $role",
+    ),
+    ("pgio-postgres", "fsync / fdatasync latency heatmap"),
+    (
+        "pgio-postgres",
+        "Block IO time heatmap: $device (submission → complete)",
+    ),
+    (
+        "pgio-longhorn-volume",
+        "Read latency heatmap: PostgreSQL reads that missed the page cache",
+    ),
+    (
+        "pgio-longhorn-volume",
+        "Read latency heatmap: the volume's device ($device)",
+    ),
+    (
+        "pgio-longhorn-volume",
+        "Read latency heatmap: replica pread64",
+    ),
+    (
+        "pgio-longhorn-volume",
+        "Read latency heatmap: the replicas' backing disks",
+    ),
+];
+
+/// A heatmap panel draws pgio's buckets as they are: cumulative `le` series per interval
+/// (`format: heatmap` turns them into per-bucket counts), never re-bucketed by Grafana.
+fn check_heatmap(name: &str, p: &Value) {
+    let title = str_of(p, "title").unwrap_or("");
+    let options = p.get("options").expect("heatmap options");
+    assert_eq!(
+        options.get("calculate").and_then(Value::as_bool),
+        Some(false),
+        "{name}: {title:?}: options.calculate must be false (pgio's buckets, not Grafana's)"
+    );
+    assert_eq!(
+        options.pointer("/yAxis/unit").and_then(Value::as_str),
+        Some("s"),
+        "{name}: {title:?}: y axis in seconds"
+    );
+    for t in array_of(p, "targets") {
+        let expr = str_of(t, "expr").unwrap_or("");
+        assert_eq!(str_of(t, "format"), Some("heatmap"), "{name}: {title:?}");
+        assert_eq!(
+            str_of(t, "legendFormat"),
+            Some("{{le}}"),
+            "{name}: {title:?}"
+        );
+        assert!(
+            expr.starts_with("sum by (le) (rate(") && expr.contains("_bucket{"),
+            "{name}: {title:?}: want sum by (le) (rate(<histogram>_bucket{{...}})): {expr}"
+        );
+    }
+}
+
+/// A heatmap query's result: one series per `le` and nothing else, cumulative (non-decreasing
+/// in `le`), with observations in the window.
+fn heatmap_shape(res: &[pgio_testkit::PromSample]) -> Result<(), String> {
+    let mut by_le: Vec<(f64, f64)> = Vec::new();
+    for s in res {
+        if s.labels.keys().any(|k| k != "le") {
+            return Err(format!("labels other than le: {:?}", s.labels));
+        }
+        let le = s.labels.get("le").ok_or("a series without le")?;
+        let le: f64 = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().map_err(|e| format!("le {le:?}: {e}"))?
+        };
+        by_le.push((le, s.value));
+    }
+    by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+    if by_le.len() < 2
+        || by_le
+            .last()
+            .is_none_or(|l| !l.0.is_infinite() || l.1 <= 0.0)
+    {
+        return Err(format!(
+            "want buckets up to +Inf with observations: {by_le:?}"
+        ));
+    }
+    if by_le.windows(2).any(|w| w[1].1 + 1e-9 < w[0].1) {
+        return Err(format!("not cumulative: {by_le:?}"));
+    }
+    Ok(())
+}
 
 const RATE_INTERVAL: &str = "15s";
 const INTERVAL: &str = "5s";
@@ -289,6 +387,9 @@ fn dashboards_are_well_formed() {
             if str_of(p, "type") == Some("row") {
                 continue;
             }
+            if str_of(p, "type") == Some("heatmap") {
+                check_heatmap(name, p);
+            }
             let ts = array_of(p, "targets");
             assert!(!ts.is_empty(), "{name}: {title:?} has no targets");
             let mut refs = BTreeSet::new();
@@ -305,6 +406,15 @@ fn dashboards_are_well_formed() {
                 }
             }
         }
+    }
+    for (uid, title) in HEATMAPS {
+        let d = load(uid);
+        assert!(
+            panels(&d)
+                .iter()
+                .any(|p| str_of(p, "type") == Some("heatmap") && str_of(p, "title") == Some(title)),
+            "{uid}: no heatmap panel {title:?}"
+        );
     }
     // Every listed exception names a target that exists.
     for (uid, title, r, _) in MAY_BE_EMPTY {
@@ -612,6 +722,11 @@ fn every_panel_query_returns_data() {
     let mut n_queries = 0;
     for name in DASHBOARDS {
         let d = load(name);
+        let heatmaps: BTreeSet<&str> = panels(&d)
+            .into_iter()
+            .filter(|p| str_of(p, "type") == Some("heatmap"))
+            .filter_map(|p| str_of(p, "title"))
+            .collect();
         for concrete in [false, true] {
             let vars = resolve_variables(&prom, &d, &builtins, &prefer, concrete, &mut report);
             for (title, r, expr) in targets(&d) {
@@ -627,6 +742,11 @@ fn every_panel_query_returns_data() {
                 };
                 if concrete {
                     continue;
+                }
+                if heatmaps.contains(title.as_str())
+                    && let Err(e) = heatmap_shape(&res)
+                {
+                    failures.push(format!("{name} / {title} / {r}: heatmap: {e}\n    {q}"));
                 }
                 let finite: Vec<_> = res.iter().filter(|s| s.value.is_finite()).collect();
                 let allowed = MAY_BE_EMPTY
