@@ -152,7 +152,7 @@ fn a_request_that_never_completes_is_counted_lost_once() {
     .expect("Longhorn stand-in");
     let daemon = Daemon::with_config(&format!(
         "block_inflight_timeout_secs = 1\nlonghorn_device_dir = \"\"\n{}",
-        rules_config(&[("test", "stalled-read", "^dd$")])
+        rules_config(&[("test", "stalled-read", "^(sh|dd)$")])
     ))
     .expect("daemon");
     assert!(
@@ -167,22 +167,28 @@ fn a_request_that_never_completes_is_counted_lost_once() {
         ("app", "test"),
         ("role", "stalled-read"),
     ];
+    // dd reads at once after its exec, before userspace could classify a new process: a shell
+    // tracked first execs it when told to, so the read is booked on the rule's series.
+    let mut dd = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "read go && exec dd if={} of=/dev/null bs=4096 count=1 skip=1000 iflag=direct",
+            vol.device().display()
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn sh");
+    daemon.wait_tracked("test", "stalled-read");
     std::thread::sleep(SETTLE);
     let (before, disk_before) = snapshot(&daemon, &dev);
 
     let stopped = Stopped::stop(vol.frontend_pid());
-    let mut dd = std::process::Command::new("dd")
-        .arg(format!("if={}", vol.device().display()))
-        .args([
-            "of=/dev/null",
-            "bs=4096",
-            "count=1",
-            "skip=1000",
-            "iflag=direct",
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn dd");
+    {
+        use std::io::Write;
+        let mut go = dd.stdin.take().expect("sh's stdin");
+        go.write_all(b"go\n").expect("telling sh to exec dd");
+    }
     let in_flight = || {
         std::fs::read_to_string(format!("/sys/block/{dev}/inflight"))
             .ok()
