@@ -83,7 +83,7 @@ impl BlockIo {
     /// kernel side finds a lost completion only when the same `struct request` starts again,
     /// which an idle device may never do. Whoever deletes an entry counts it (this sweep, or
     /// the completion program), so a completion racing the sweep is counted once.
-    fn sweep(&self) -> Result<()> {
+    fn sweep(&self) {
         let now = monotonic_ns();
         let timeout = self.timeout.as_nanos() as u64;
         let mut map = lock(&self.inflight);
@@ -104,17 +104,6 @@ impl BlockIo {
                 );
             }
         }
-        Ok(())
-    }
-
-    fn read_hists(&self, routes: &Provisional) -> Result<Hists<BlockIoId>> {
-        if let Err(e) = self.sweep() {
-            warn!(
-                error = format!("{e:#}"),
-                "sweeping block requests in flight"
-            );
-        }
-        self.reader.read(routes)
     }
 }
 
@@ -146,8 +135,11 @@ fn monotonic_ns() -> u64 {
 }
 
 impl Source for BlockIo {
+    /// Sweeps first, so the lost requests it finds are in this scrape. Only scrapes sweep: the
+    /// once-a-second fold passes under connection churn have no use for it.
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        let hists = self.read_hists(routes).unwrap_or_else(|e| {
+        self.sweep();
+        let hists = self.reader.read(routes).unwrap_or_else(|e| {
             warn!(error = format!("{e:#}"), "reading block IO map");
             Hists::new()
         });
@@ -155,7 +147,7 @@ impl Source for BlockIo {
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.read_hists(routes).map(drop)
+        self.reader.read(routes).map(drop)
     }
 }
 
