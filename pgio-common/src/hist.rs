@@ -1,8 +1,8 @@
 //! Log2 latency buckets shared by every histogram map.
 //!
 //! Slot `k` counts values `v` with `2^(k-1) < v <= 2^k` (slot 0 holds `v <= 1`). That is exactly
-//! Prometheus' classic bucket `le = 2^k ns` and native-histogram schema 0, so userspace never
-//! re-bins. Maps are sparse: one per-CPU hash entry per (key, slot) actually hit, each holding
+//! Prometheus' classic bucket `le = 2^k ns`, so userspace never re-bins (native histograms,
+//! in seconds, are the nearest schema-0 bucket: see pgio-daemon's `native`). Maps are sparse: one per-CPU hash entry per (key, slot) actually hit, each holding
 //! the count and the sum of the values that fell in it. One map update per event.
 
 /// Number of log2 slots: values up to 2^63 ns.

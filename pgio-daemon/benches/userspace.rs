@@ -98,7 +98,7 @@ fn fixture(label_sets: u32) -> Fixture {
 }
 
 /// What `/metrics` writes for these readings.
-fn pgio(f: &Fixture, devices: &mut Devices, format: Format) -> String {
+fn pgio(f: &Fixture, devices: &mut Devices, format: Format) -> Vec<u8> {
     let mut enc = Encoder::new(format, 0);
     let sources: [&dyn Snapshot; 4] = [&f.block, &f.syscalls, &TrackedProcesses, &DeviceInfo];
     collector::encode(sources, &f.tracked, devices, &mut enc);
@@ -301,7 +301,7 @@ fn sample_lines(text: &str) -> usize {
 fn exposition_of(c: &mut Criterion, name: &str, label_sets: u32) {
     let f = fixture(label_sets);
     let mut devices = Devices::fixed(f.names.clone(), []);
-    let text = pgio(&f, &mut devices, Format::Prometheus);
+    let text = String::from_utf8(pgio(&f, &mut devices, Format::Prometheus)).expect("UTF-8");
     let registry = before::registry(fixture(label_sets));
     let baseline = before::prometheus_text(&before::openmetrics(&registry));
     // The same samples, or the comparison means nothing.
@@ -317,6 +317,10 @@ fn exposition_of(c: &mut Criterion, name: &str, label_sets: u32) {
     });
     c.bench_function(&format!("{name}_text"), |b| {
         b.iter(|| pgio(black_box(&f), &mut devices, Format::Prometheus))
+    });
+    // Native histograms (what Prometheus asks for with them enabled); no baseline: informative.
+    c.bench_function(&format!("{name}_protobuf"), |b| {
+        b.iter(|| pgio(black_box(&f), &mut devices, Format::Protobuf))
     });
     c.bench_function(&format!("{name}_openmetrics_prometheus_client"), |b| {
         b.iter(|| before::openmetrics(black_box(&registry)))

@@ -94,7 +94,7 @@ impl Collector {
     }
 
     /// /metrics in `format`.
-    pub fn scrape(&self, format: Format) -> String {
+    pub fn scrape(&self, format: Format) -> Vec<u8> {
         // A copy, so discovery is not held up while the maps are read; a process classified
         // meanwhile is still pending here and folded at the next scrape.
         let pass = lock(&self.pass);

@@ -1,6 +1,7 @@
-//! The two text exposition formats, written straight from pgio's data: Prometheus text 0.0.4
-//! (the default) and OpenMetrics 1.0 (when the scraper asks for it). Both come from one
-//! writer; they differ only in how a counter family is declared, HELP escaping and `# EOF`.
+//! The exposition formats, written straight from pgio's data: Prometheus text 0.0.4 (the
+//! default), OpenMetrics 1.0, and Prometheus' delimited protobuf, which alone carries native
+//! histograms (see `native`). The two texts come from one writer; they differ only in how a
+//! counter family is declared, HELP escaping and `# EOF`.
 //!
 //! prometheus-client 0.25 writes OpenMetrics only, and re-encodes a series' labels on every
 //! bucket line; here a series' labels are escaped once and copied onto its bucket lines.
@@ -8,7 +9,11 @@
 //! is byte for byte what pgio served before (checked against it in the tests).
 use std::sync::LazyLock;
 
+use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
+use prost::Message;
+
 use crate::hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds};
+use crate::native;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -16,6 +21,9 @@ pub enum Format {
     Prometheus,
     /// `application/openmetrics-text; version=1.0.0`
     OpenMetrics,
+    /// `application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily;
+    /// encoding=delimited`: every histogram both classic and native.
+    Protobuf,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +48,11 @@ pub trait LabelSet {
     fn write(&self, w: &mut LabelWriter<'_>);
 }
 
-pub struct LabelWriter<'a> {
-    out: &'a mut String,
-    empty: bool,
+pub enum LabelWriter<'a> {
+    /// `name="value"` pairs, comma-separated and escaped.
+    Text { out: &'a mut String, empty: bool },
+    /// Protobuf label pairs: nothing to escape.
+    Pairs(&'a mut Vec<pb::LabelPair>),
 }
 
 impl LabelWriter<'_> {
@@ -50,14 +60,22 @@ impl LabelWriter<'_> {
         if value.is_empty() {
             return;
         }
-        if !self.empty {
-            self.out.push(',');
+        match self {
+            LabelWriter::Text { out, empty } => {
+                if !*empty {
+                    out.push(',');
+                }
+                *empty = false;
+                out.push_str(name);
+                out.push_str("=\"");
+                escape_label_value(out, value);
+                out.push('"');
+            }
+            LabelWriter::Pairs(pairs) => pairs.push(pb::LabelPair {
+                name: name.to_owned(),
+                value: value.to_owned(),
+            }),
         }
-        self.empty = false;
-        self.out.push_str(name);
-        self.out.push_str("=\"");
-        escape_label_value(self.out, value);
-        self.out.push('"');
     }
 }
 
@@ -108,19 +126,44 @@ pub struct Encoder {
     format: Format,
     /// A series' escaped labels, reused for each of its lines.
     labels: String,
+    /// The protobuf format's families, serialized at `finish`.
+    families: Vec<pb::MetricFamily>,
 }
 
 impl Encoder {
     pub fn new(format: Format, capacity: usize) -> Encoder {
         Encoder {
-            out: String::with_capacity(capacity),
+            out: String::with_capacity(if format == Format::Protobuf {
+                0
+            } else {
+                capacity
+            }),
             format,
             labels: String::with_capacity(256),
+            families: Vec::new(),
         }
     }
 
     /// Declares `family` (HELP and TYPE) and returns the writer of its samples.
     pub fn family(&mut self, family: &'static Family) -> FamilyEncoder<'_> {
+        if self.format == Format::Protobuf {
+            self.families.push(pb::MetricFamily {
+                // Protobuf names a counter family by its samples' name.
+                name: match family.kind {
+                    Kind::Counter => format!("{}_total", family.name),
+                    _ => family.name.to_owned(),
+                },
+                help: family.help.to_owned(),
+                r#type: match family.kind {
+                    Kind::Counter => pb::MetricType::Counter,
+                    Kind::Gauge => pb::MetricType::Gauge,
+                    Kind::Histogram => pb::MetricType::Histogram,
+                } as i32,
+                metric: Vec::new(),
+                unit: String::new(),
+            });
+            return FamilyEncoder { enc: self, family };
+        }
         let counter = family.kind == Kind::Counter;
         // 0.0.4 declares a counter under its sample name; OpenMetrics under the family name.
         let suffix = if counter && self.format == Format::Prometheus {
@@ -148,11 +191,25 @@ impl Encoder {
         FamilyEncoder { enc: self, family }
     }
 
-    pub fn finish(mut self) -> String {
-        if self.format == Format::OpenMetrics {
-            self.out.push_str("# EOF\n");
+    pub fn finish(mut self) -> Vec<u8> {
+        match self.format {
+            Format::Prometheus => {}
+            Format::OpenMetrics => self.out.push_str("# EOF\n"),
+            Format::Protobuf => {
+                let len = self
+                    .families
+                    .iter()
+                    .map(|f| f.encoded_len() + prost::length_delimiter_len(f.encoded_len()))
+                    .sum();
+                let mut out = Vec::with_capacity(len);
+                for f in &self.families {
+                    // Cannot fail: `out` has room for every message.
+                    let _ = f.encode_length_delimited(&mut out);
+                }
+                return out;
+            }
         }
-        self.out
+        self.out.into_bytes()
     }
 }
 
@@ -177,10 +234,24 @@ impl FamilyEncoder<'_> {
     /// Renders `labels` into the encoder's scratch buffer.
     fn set_labels(&mut self, labels: &impl LabelSet) {
         self.enc.labels.clear();
-        labels.write(&mut LabelWriter {
+        labels.write(&mut LabelWriter::Text {
             out: &mut self.enc.labels,
             empty: true,
         });
+    }
+
+    /// In the protobuf format, adds one metric with `labels` to the family and returns true.
+    fn push_metric(&mut self, labels: &impl LabelSet, fill: impl FnOnce(&mut pb::Metric)) -> bool {
+        if self.enc.format != Format::Protobuf {
+            return false;
+        }
+        let mut metric = pb::Metric::default();
+        labels.write(&mut LabelWriter::Pairs(&mut metric.label));
+        fill(&mut metric);
+        if let Some(f) = self.enc.families.last_mut() {
+            f.metric.push(metric);
+        }
+        true
     }
 
     /// `<name><suffix>{<labels>} ` with the labels set last.
@@ -203,6 +274,9 @@ impl FamilyEncoder<'_> {
 
     pub fn counter(&mut self, labels: impl LabelSet, value: u64) {
         debug_assert_eq!(self.family.kind, Kind::Counter, "{}", self.family.name);
+        if self.push_metric(&labels, |m| m.counter = Some(counter(value as f64))) {
+            return;
+        }
         self.set_labels(&labels);
         self.start_line("_total");
         self.end_line(itoa::Buffer::new().format(value));
@@ -210,6 +284,9 @@ impl FamilyEncoder<'_> {
 
     pub fn counter_f64(&mut self, labels: impl LabelSet, value: f64) {
         debug_assert_eq!(self.family.kind, Kind::Counter, "{}", self.family.name);
+        if self.push_metric(&labels, |m| m.counter = Some(counter(value))) {
+            return;
+        }
         self.set_labels(&labels);
         self.start_line("_total");
         self.end_line(dtoa::Buffer::new().format(value));
@@ -217,6 +294,13 @@ impl FamilyEncoder<'_> {
 
     pub fn gauge(&mut self, labels: impl LabelSet, value: i64) {
         debug_assert_eq!(self.family.kind, Kind::Gauge, "{}", self.family.name);
+        if self.push_metric(&labels, |m| {
+            m.gauge = Some(pb::Gauge {
+                value: value as f64,
+            })
+        }) {
+            return;
+        }
         self.set_labels(&labels);
         self.start_line("");
         self.end_line(itoa::Buffer::new().format(value));
@@ -225,6 +309,9 @@ impl FamilyEncoder<'_> {
     /// `_sum`, `_count`, then cumulative `_bucket`s at `le = 2^k ns` and `+Inf`.
     pub fn histogram(&mut self, labels: impl LabelSet, h: &Log2Hist) {
         debug_assert_eq!(self.family.kind, Kind::Histogram, "{}", self.family.name);
+        if self.push_metric(&labels, |m| m.histogram = Some(native::histogram(h))) {
+            return;
+        }
         self.set_labels(&labels);
         self.start_line("_sum");
         self.end_line(dtoa::Buffer::new().format(h.sum_seconds()));
@@ -249,6 +336,14 @@ impl FamilyEncoder<'_> {
     }
 }
 
+fn counter(value: f64) -> pb::Counter {
+    pb::Counter {
+        value,
+        exemplar: None,
+        start_timestamp: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,7 +363,7 @@ mod tests {
         [Format::Prometheus, Format::OpenMetrics].map(|format| {
             let mut enc = Encoder::new(format, 0);
             f(&mut enc);
-            enc.finish()
+            String::from_utf8(enc.finish()).expect("text formats are UTF-8")
         })
     }
 

@@ -1,5 +1,5 @@
-//! `/metrics` (Prometheus text, or OpenMetrics when the Accept header asks for it) and
-//! `/healthz`.
+//! `/metrics` in the format the scraper's Accept header prefers (Prometheus text by default,
+//! OpenMetrics, or protobuf with native histograms), and `/healthz`.
 use std::sync::Arc;
 
 use axum::{
@@ -11,8 +11,10 @@ use axum::{
 
 use crate::{collector::Collector, exposition::Format};
 
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const PROTOBUF: &str =
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
 pub fn router(collector: Arc<Collector>) -> Router {
     Router::new()
@@ -23,17 +25,37 @@ pub fn router(collector: Arc<Collector>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
 }
 
-fn format_asked(headers: &HeaderMap) -> Format {
-    let om = headers
+/// The format of the media range with the highest `q` (the first on a tie) among those pgio
+/// serves; Prometheus text when none is named or the header does not parse.
+pub fn format_asked(headers: &HeaderMap) -> Format {
+    let mut best: Option<(f32, Format)> = None;
+    let ranges = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("application/openmetrics-text"));
-    if om {
-        Format::OpenMetrics
-    } else {
-        Format::Prometheus
+        .flat_map(|v| v.split(','))
+        .filter_map(|range| range.trim().parse::<mime::Mime>().ok());
+    for m in ranges {
+        let param = |name: &str| m.get_param(name).map(|v| v.as_str().to_owned());
+        let format = match (m.type_().as_str(), m.subtype().as_str()) {
+            ("application", "openmetrics-text") => Format::OpenMetrics,
+            ("application", "vnd.google.protobuf")
+                if param("proto").as_deref() == Some("io.prometheus.client.MetricFamily")
+                    && param("encoding").as_deref() == Some("delimited") =>
+            {
+                Format::Protobuf
+            }
+            ("text", "plain") => Format::Prometheus,
+            _ => continue,
+        };
+        let q = param("q")
+            .and_then(|q| q.parse::<f32>().ok())
+            .unwrap_or(1.0);
+        if q > 0.0 && best.is_none_or(|(b, _)| q > b) {
+            best = Some((q, format));
+        }
     }
+    best.map_or(Format::Prometheus, |(_, f)| f)
 }
 
 async fn metrics(collector: Arc<Collector>, headers: HeaderMap) -> Response {
@@ -43,13 +65,71 @@ async fn metrics(collector: Arc<Collector>, headers: HeaderMap) -> Response {
     let content_type = match format {
         Format::OpenMetrics => OPENMETRICS,
         Format::Prometheus => PROMETHEUS_TEXT,
+        Format::Protobuf => PROTOBUF,
     };
     match encoded {
-        Ok(text) => ([(header::CONTENT_TYPE, content_type)], text).into_response(),
+        Ok(body) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),
         Err(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "encoding metrics failed\n",
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn asked(accept: &[&str]) -> Format {
+        let mut h = HeaderMap::new();
+        for a in accept {
+            h.append(header::ACCEPT, HeaderValue::from_str(a).expect("header"));
+        }
+        format_asked(&h)
+    }
+
+    #[test]
+    fn the_scrapers_preference_decides() {
+        assert_eq!(asked(&[]), Format::Prometheus);
+        assert_eq!(asked(&["*/*"]), Format::Prometheus);
+        assert_eq!(asked(&["garbage;;;=,"]), Format::Prometheus);
+        // Prometheus 2.42 without and with native histograms enabled.
+        assert_eq!(
+            asked(&[
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            ]),
+            Format::OpenMetrics
+        );
+        assert_eq!(
+            asked(&[
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            ]),
+            Format::Protobuf
+        );
+        // Protobuf asked for with less preference than text.
+        assert_eq!(
+            asked(&[
+                "text/plain;version=0.0.4;q=0.9",
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5"
+            ]),
+            Format::Prometheus
+        );
+        // A protobuf of another schema, or text encoding, is not what pgio writes.
+        assert_eq!(
+            asked(&["application/vnd.google.protobuf;proto=other.Message;encoding=delimited"]),
+            Format::Prometheus
+        );
+        assert_eq!(
+            asked(&[
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text"
+            ]),
+            Format::Prometheus
+        );
+        assert_eq!(
+            asked(&["application/openmetrics-text;q=0"]),
+            Format::Prometheus
+        );
     }
 }

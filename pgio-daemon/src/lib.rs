@@ -22,6 +22,7 @@ pub mod kernel_offsets;
 pub mod labels;
 pub mod lifecycle;
 pub mod maps;
+pub mod native;
 pub mod pods;
 pub mod probes;
 pub mod proc_scan;

@@ -1,6 +1,8 @@
 //! The daemon's command line on bad input: clear errors, right exit codes.
 mod common;
 
+use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
+use prost::Message;
 use std::{net::TcpListener, process::Command};
 
 use pgio_testkit::{require_root, temp_dir};
@@ -124,7 +126,7 @@ fn check_passes_as_root_here() {
     }
 }
 
-/// Prometheus text by default, OpenMetrics when the Accept header asks for it.
+/// Prometheus text by default, OpenMetrics or protobuf when the Accept header prefers it.
 #[test]
 fn content_negotiation() {
     if !require_root("content_negotiation") {
@@ -161,5 +163,34 @@ fn content_negotiation() {
     );
     assert!(om.contains("# TYPE pgio_block_io_requests counter"));
     assert!(om.trim_end().ends_with("# EOF"));
+    // What Prometheus 2.42 sends with native histograms enabled.
+    let accept = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-D",
+            "/dev/stderr",
+            "-H",
+            &format!("Accept: {accept}"),
+        ])
+        .arg(format!("{}/metrics", d.url()))
+        .output()
+        .expect("curl");
+    let headers = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        headers.contains(
+            "content-type: application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+        ),
+        "{headers}"
+    );
+    let mut body = &out.stdout[..];
+    let mut names = Vec::new();
+    while !body.is_empty() {
+        let f = pb::MetricFamily::decode_length_delimited(&mut body).expect("a family");
+        names.push(f.name);
+    }
+    for family in ["pgio_block_io_requests_total", "pgio_syscall_seconds"] {
+        assert!(names.iter().any(|n| n == family), "{family}: {names:?}");
+    }
     d.stop().expect("clean exit");
 }

@@ -8,6 +8,8 @@ use pgio_common::{
     hist::{Bucket, slot},
     syscall::{Cache, Syscall},
 };
+use std::collections::BTreeMap;
+
 use pgio_daemon::{
     block_io::{BlockIoId, BlockIoSnapshot},
     collector::{self, Snapshot},
@@ -22,6 +24,7 @@ use pgio_daemon::{
     syscall::{SyscallId, SyscallSnapshot},
     tracked_processes::TrackedProcesses,
 };
+use pgio_testkit::metrics::{Metrics, Sample};
 
 /// Fixed readings of every source, in the order `pgio-daemon run` registers them.
 #[derive(Default)]
@@ -35,6 +38,10 @@ struct Readings {
 }
 
 fn exposition(r: &Readings, format: Format) -> String {
+    String::from_utf8(exposition_bytes(r, format)).expect("text formats are UTF-8")
+}
+
+fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
     let sources: [&dyn Snapshot; 5] = [
@@ -432,4 +439,98 @@ fn hostile_volume_names_stay_escaped_on_one_line() {
     for line in lines {
         assert!(line.contains(escaped), "{line}");
     }
+}
+
+/// The samples a protobuf exposition stands for, named and valued as in the text formats,
+/// with `le` normalized to one float notation.
+fn protobuf_samples(mut bytes: &[u8]) -> Vec<Sample> {
+    use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
+    use prost::Message;
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let f = pb::MetricFamily::decode_length_delimited(&mut bytes).expect("a family");
+        for m in &f.metric {
+            let labels: BTreeMap<String, String> = m
+                .label
+                .iter()
+                .map(|l| (l.name.clone(), l.value.clone()))
+                .collect();
+            let mut push = |suffix: &str, le: Option<f64>, value: f64| {
+                let mut labels = labels.clone();
+                if let Some(le) = le {
+                    labels.insert("le".into(), format!("{le:e}"));
+                }
+                out.push(Sample {
+                    name: format!("{}{suffix}", f.name),
+                    labels,
+                    value,
+                });
+            };
+            if let Some(c) = &m.counter {
+                push("", None, c.value);
+            } else if let Some(g) = &m.gauge {
+                push("", None, g.value);
+            } else {
+                let h = m.histogram.as_ref().expect("counter, gauge or histogram");
+                push("_sum", None, h.sample_sum);
+                push("_count", None, h.sample_count as f64);
+                for b in &h.bucket {
+                    push("_bucket", Some(b.upper_bound), b.cumulative_count as f64);
+                }
+                push("_bucket", Some(f64::INFINITY), h.sample_count as f64);
+                // The native buckets hold the same observations.
+                assert_eq!(h.schema, 0, "{}", f.name);
+                assert!(h.zero_threshold > 0.0, "{}: marked native", f.name);
+                let mut count = 0i64;
+                let native: i64 = h
+                    .positive_delta
+                    .iter()
+                    .map(|d| {
+                        count += d;
+                        count
+                    })
+                    .sum();
+                assert_eq!(
+                    native as u64 + h.zero_count,
+                    h.sample_count,
+                    "{}: native buckets",
+                    f.name
+                );
+            }
+        }
+    }
+    out
+}
+
+fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
+    for s in &mut samples {
+        if let Some(le) = s.labels.get_mut("le") {
+            *le = format!("{:e}", le.parse::<f64>().expect("le"));
+        }
+    }
+    samples.sort_by(|a, b| (&a.name, &a.labels).cmp(&(&b.name, &b.labels)));
+    samples
+}
+
+#[test]
+fn protobuf_carries_every_text_sample_plus_native_histograms() {
+    let r = golden_readings();
+    let text = Metrics::parse(&exposition(&r, Format::Prometheus)).expect("text");
+    let proto = sorted(protobuf_samples(&exposition_bytes(&r, Format::Protobuf)));
+    let text = sorted(text.all().to_vec());
+    assert_eq!(proto.len(), text.len());
+    for (p, t) in proto.iter().zip(&text) {
+        assert_eq!((&p.name, &p.labels), (&t.name, &t.labels));
+        // Text writes a sum in shortest round-trip notation; protobuf carries the f64.
+        assert!(
+            (p.value - t.value).abs() <= 1e-9 * t.value.abs(),
+            "{p:?} vs {t:?}"
+        );
+    }
+    // Hostile values cross unescaped.
+    assert!(
+        proto
+            .iter()
+            .any(|s| s.labels.get("database").map(String::as_str) == Some("we\"ird\nname\\ x"))
+    );
 }

@@ -51,6 +51,12 @@ impl Prometheus {
     /// every second, and waits until it is ready (not until the first scrape: see
     /// [`Prometheus::wait_up`]).
     pub fn start(job: &str, targets: &[&str]) -> Result<Prometheus> {
+        Prometheus::start_with(job, targets, &[])
+    }
+
+    /// [`Prometheus::start`] with `--enable-feature=<f>` for each of `features` (e.g.
+    /// `native-histograms`, which makes it ask for the protobuf exposition).
+    pub fn start_with(job: &str, targets: &[&str], features: &[&str]) -> Result<Prometheus> {
         let bin = prometheus_bin()?;
         let dir = temp_dir()?;
         let config = dir.path().join("prometheus.yml");
@@ -76,6 +82,7 @@ impl Prometheus {
                 ))
                 .arg(format!("--web.listen-address=127.0.0.1:{port}"))
                 .arg("--storage.tsdb.retention.time=1d")
+                .args(features.iter().map(|f| format!("--enable-feature={f}")))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log)?)
