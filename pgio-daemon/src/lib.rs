@@ -31,6 +31,7 @@ pub mod reclassify;
 pub mod self_metrics;
 pub mod series;
 pub mod syscall;
+pub mod top;
 pub mod tracefs;
 pub mod tracked_processes;
 

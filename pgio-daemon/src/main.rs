@@ -51,6 +51,8 @@ enum Command {
     },
     /// Report BTF, tracefs, each tracepoint and privileges; exit 1 naming what is missing.
     Check,
+    /// A running daemon's latency histograms per interval, in the terminal (no root needed).
+    Top(pgio_daemon::top::TopArgs),
     /// Benchmark fixture: attach empty programs to sys_{enter,exit}_pread64 until SIGTERM.
     #[command(hide = true)]
     Floor,
@@ -60,6 +62,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check => run_check(),
+        Command::Top(args) => match pgio_daemon::top::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("pgio-daemon top: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Floor => match run_floor() {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

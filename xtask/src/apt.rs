@@ -15,6 +15,8 @@ const PACKAGES: &[&str] = &[
     "curl",
     // The independent check of block request counts and latencies (tests/fio.rs).
     "fio",
+    // `pgio-daemon top`'s live mode is driven through a real terminal (tests/top.rs).
+    "tmux",
 ];
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
