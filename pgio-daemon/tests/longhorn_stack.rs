@@ -16,7 +16,13 @@
 //!   without injection ≥ 20 %, measured 60 %), and the backing device's median rises by
 //!   < 0.5 ms.
 //!
-//! Prints the per-layer medians (the closing note's table) and the volume's /metrics lines.
+//! `pgio-daemon top --volume <vol>` runs over 14 s in the middle of each pgbench: its four
+//! layers all have reads, the replicas' preads keep up with the volume device's reads, and
+//! with injection it puts the delay between the volume device and the replicas' disks (volume
+//! device median > 2 ms, the disks' under half of it).
+//!
+//! Prints the per-layer medians (the closing note's table), top's picture of the volume and the
+//! volume's /metrics lines.
 
 mod common;
 
@@ -35,6 +41,10 @@ const RATE: u32 = 1000;
 
 #[derive(Debug)]
 struct Layers {
+    /// `top --volume --once --json`: (layer, count, p50 seconds) top to bottom.
+    top_layers: Vec<(String, u64, Option<f64>)>,
+    /// The same interval as `top --volume --once` prints it.
+    top_text: String,
     tps: f64,
     pg_preads: f64,
     pg_pread_miss_ms: Option<f64>,
@@ -66,6 +76,18 @@ fn longhorn_volume_stack_view() {
     let slow = run(Some(Duration::from_millis(2)), 56_421);
     print("2 ms injected in the replicas", &slow);
     check(&slow, "2 ms injected");
+    eprintln!(
+        "pgio-daemon top --volume, 2 ms injected:\n{}",
+        slow.top_text
+    );
+    // top shows where the time goes: below the volume device, above the replicas' disks.
+    let p50 = |l: &Layers, i: usize| l.top_layers[i].2.expect("a median");
+    assert!(
+        p50(&slow, 1) > 2e-3 && p50(&slow, 3) < p50(&slow, 1) / 2.0,
+        "top with 2 ms injected: volume device p50 {} s, replica disk p50 {} s",
+        p50(&slow, 1),
+        p50(&slow, 3)
+    );
     eprintln!(
         "/metrics lines of the volume (no injection run):\n{}",
         plain.excerpt
@@ -100,6 +122,25 @@ fn longhorn_volume_stack_view() {
 
 fn check(l: &Layers, case: &str) {
     assert!(l.pg_preads > 1000.0, "{case}: {l:?}");
+    let names: Vec<&str> = l.top_layers.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "postgres miss",
+            "volume device",
+            "replica pread",
+            "replica disk"
+        ],
+        "{case}"
+    );
+    for (name, count, _) in &l.top_layers {
+        assert!(*count > 100, "{case}: top's {name} layer: {count} reads");
+    }
+    let (volume, replica) = (l.top_layers[1].1 as f64, l.top_layers[2].1 as f64);
+    assert!(
+        replica >= 0.9 * volume,
+        "{case}: top: replica preads {replica} vs volume device reads {volume}"
+    );
     assert!(
         (l.volume_reads_pgio - l.volume_reads_diskstats).abs() <= 0.01 * l.volume_reads_diskstats
             && l.volume_reads_diskstats > 500.0,
@@ -178,6 +219,27 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
         setup.vol.backing_loop().name().to_owned(),
     );
     let (m0, d0, b0) = quiet_snapshot(&daemon, &setup.vol, &lo, &backing);
+    let top = |json: bool| {
+        let url = format!("{}/metrics", daemon.url);
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_pgio-daemon"));
+        c.args([
+            "top",
+            "--once",
+            "--interval",
+            "14",
+            "--url",
+            &url,
+            "--volume",
+            &volume,
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        c.stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn top")
+    };
+    let (top_json, top_text) = (top(true), top(false));
     let out = setup
         .pg
         .pgbench_ok(&[
@@ -194,6 +256,23 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
         ])
         .expect("pgbench -S");
     let (m1, d1, b1) = quiet_snapshot(&daemon, &setup.vol, &lo, &backing);
+    let top_json = top_json.wait_with_output().expect("top --json");
+    let top_text = top_text.wait_with_output().expect("top");
+    assert!(top_json.status.success() && top_text.status.success());
+    let j: pgio_testkit::serde_json::Value =
+        pgio_testkit::serde_json::from_slice(&top_json.stdout).expect("top's JSON");
+    let top_layers = j["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| {
+            (
+                l["layer"].as_str().unwrap_or("").to_owned(),
+                l["count"].as_u64().unwrap_or(0),
+                l["p50_seconds"].as_f64(),
+            )
+        })
+        .collect();
     let tps = out
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))
@@ -241,6 +320,8 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
 
     let excerpt = excerpt(&m1, &volume, &lo);
     let layers = Layers {
+        top_layers,
+        top_text: String::from_utf8_lossy(&top_text.stdout).into_owned(),
         tps,
         pg_preads: d("pgio_syscall_seconds_count", &pg_read),
         pg_pread_miss_ms: ms(&h(

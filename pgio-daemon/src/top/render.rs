@@ -130,7 +130,7 @@ pub fn row(out: &mut Vec<String>, row: &Row, seconds: f64, width: usize) {
 /// A volume's layers side by side: one line per bucket, a count and a bar per layer.
 pub fn layers(out: &mut Vec<String>, volume: &str, layers: &[Layer], seconds: f64, width: usize) {
     out.push(clip(
-        &format!("volume {volume}: read latency by layer, top to bottom"),
+        &format!("volume {volume}: reads, top to bottom"),
         width,
     ));
     for l in layers {
