@@ -271,13 +271,15 @@ fn quit_pressed(timeout: Duration) -> Result<bool> {
     }
 }
 
-fn draw(lines: &[String]) -> Result<()> {
+/// Draws `lines` from the top, each cut to the terminal's `width` (a narrow terminal would
+/// wrap them) and no more than its `height`.
+fn draw(lines: &[String], width: usize, height: usize) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    for (y, line) in lines.iter().enumerate() {
+    for (y, line) in lines.iter().take(height).enumerate() {
         queue!(
             out,
             cursor::MoveTo(0, y as u16),
-            Print(line),
+            Print(render::clip(line, width)),
             terminal::Clear(ClearType::UntilNewLine)
         )?;
     }
@@ -292,7 +294,9 @@ fn live_loop(args: &TopArgs, scraper: &Scraper, interval: Duration) -> Result<()
     let mut shown: Vec<String> = Vec::new();
     loop {
         let (w, h) = terminal::size().unwrap_or((80, 24));
-        let (width, height) = (w.max(40) as usize, h.max(5) as usize);
+        let (screen_width, screen_height) = (w as usize, h as usize);
+        // Laid out for at least 40 × 5, then cut to the screen.
+        let (width, height) = (screen_width.max(40), screen_height.max(5));
         let top = header(args, args.interval, width);
         match scraper.fetch() {
             Ok(after) => {
@@ -300,13 +304,21 @@ fn live_loop(args: &TopArgs, scraper: &Scraper, interval: Duration) -> Result<()
                     Some(b) => to_lines(args, &compute(args, b, &after), width, height - 2),
                     None => vec!["(first interval...)".into()],
                 };
-                draw(&[&[top, String::new()][..], &shown].concat())?;
+                draw(
+                    &[&[top, String::new()][..], &shown].concat(),
+                    screen_width,
+                    screen_height,
+                )?;
                 before = Some(after);
             }
             // The daemon went away or restarted: say so over the last picture, keep trying.
             Err(e) => {
                 let error = render::clip(&format!("error: {e}"), width);
-                draw(&[&[top, error][..], &shown].concat())?;
+                draw(
+                    &[&[top, error][..], &shown].concat(),
+                    screen_width,
+                    screen_height,
+                )?;
             }
         }
         if quit_pressed(interval)? {
