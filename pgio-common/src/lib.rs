@@ -10,6 +10,7 @@ pub mod drops;
 pub mod hist;
 pub mod kernel_offsets;
 pub mod lifecycle;
+pub mod query;
 pub mod syscall;
 
 /// Size of the `tgid → series` array as compiled: the kernel's PID_MAX_LIMIT (2^22). The
@@ -69,4 +70,6 @@ mod pod {
     unsafe impl aya::Pod for crate::syscall::SyscallKey {}
     unsafe impl aya::Pod for crate::syscall::SyscallStart {}
     unsafe impl aya::Pod for crate::lifecycle::LifecycleEvent {}
+    unsafe impl aya::Pod for crate::query::QueryKey {}
+    unsafe impl aya::Pod for crate::query::QueryState {}
 }

@@ -57,6 +57,11 @@ impl Syscall {
         Syscall::ALL.get(v as usize).copied()
     }
 
+    /// futex waits: timed, but not IO.
+    pub const fn is_wait(self) -> bool {
+        matches!(self, Syscall::Futex | Syscall::FutexWaitv)
+    }
+
     /// Reads get a `cache` label: hit unless the thread started block IO during the call.
     pub const fn is_read(self) -> bool {
         matches!(self, Syscall::Pread64 | Syscall::Preadv | Syscall::Preadv2)

@@ -89,8 +89,9 @@ pub fn run_checks() -> Vec<Finding> {
                 ),
                 None => continue,
             },
-            // Attached per postgres binary at run time; a failure only costs speed.
-            Attach::URetProbeLater { .. } => continue,
+            // Attached per postgres binary at run time (the title: a failure costs speed; the
+            // query probe: the query metrics).
+            Attach::URetProbeLater { .. } | Attach::UProbeLater { .. } => continue,
         };
         let level = match (present, probe.optional) {
             (true, _) => Level::Ok,

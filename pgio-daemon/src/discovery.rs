@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 use crate::{
     classifier::{Classifier, ProcessInfo},
     labels::Labels,
-    lifecycle::{self, Event, TitleProbe},
+    lifecycle::{self, Event, PostgresProbes},
     lock,
     proc_scan::{classify_all, read_process},
     reclassify::Schedule,
@@ -32,7 +32,7 @@ pub struct Discovery {
     classifier: Classifier,
     shared: SharedTracked,
     kernel: KernelSeries,
-    titles: Option<TitleProbe>,
+    titles: Option<PostgresProbes>,
     schedule: Schedule,
     self_pid: u32,
     /// How long a pod's series outlives its last process (see `series`).
@@ -44,7 +44,7 @@ impl Discovery {
         classifier: Classifier,
         shared: SharedTracked,
         kernel: KernelSeries,
-        titles: Option<TitleProbe>,
+        titles: Option<PostgresProbes>,
         pod_series_retention: Duration,
     ) -> Discovery {
         {

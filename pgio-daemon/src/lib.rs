@@ -27,6 +27,7 @@ pub mod pods;
 pub mod probes;
 pub mod proc_scan;
 pub mod provisional;
+pub mod query;
 pub mod reclassify;
 pub mod self_metrics;
 pub mod series;

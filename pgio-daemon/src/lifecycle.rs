@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::{
     lock,
     maps::take_map,
-    probes::{Attach, TITLE},
+    probes::{Attach, POSTGRES_BINARY},
 };
 
 const RING_MAP: &str = "LIFECYCLE";
@@ -61,17 +61,18 @@ pub fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
     out
 }
 
-/// Attaches the title uretprobe to each distinct postgres executable, the first time one of
-/// its postmasters is seen (by inode: the same binary under several paths or in several
+/// Attaches the probes on PostgreSQL's own functions (the title uretprobe, the query uprobe:
+/// `probes::POSTGRES_BINARY`) to each distinct postgres executable, the first time one of its
+/// postmasters is seen (by inode: the same binary under several paths or in several
 /// containers is attached once).
-pub struct TitleProbe {
+pub struct PostgresProbes {
     ebpf: Arc<Mutex<Ebpf>>,
     attached: HashSet<(u64, u64)>,
 }
 
-impl TitleProbe {
-    pub fn new(ebpf: Arc<Mutex<Ebpf>>) -> TitleProbe {
-        TitleProbe {
+impl PostgresProbes {
+    pub fn new(ebpf: Arc<Mutex<Ebpf>>) -> PostgresProbes {
+        PostgresProbes {
             ebpf,
             attached: HashSet::new(),
         }
@@ -80,38 +81,48 @@ impl TitleProbe {
     /// Attaches to the executable of process `pid` unless already done. `/proc/<pid>/exe`
     /// reaches the binary also inside another mount namespace.
     pub fn attach_for(&mut self, pid: u32) {
-        use std::os::unix::fs::MetadataExt;
-        let exe = format!("/proc/{pid}/exe");
-        let Ok(meta) = std::fs::metadata(&exe) else {
+        use std::os::unix::{fs::MetadataExt, io::AsRawFd};
+        // Opened once: the process may exit between two attaches, its binary stays open here.
+        let Ok(file) = std::fs::File::open(format!("/proc/{pid}/exe")) else {
+            return;
+        };
+        let Ok(meta) = file.metadata() else {
             return;
         };
         if !self.attached.insert((meta.dev(), meta.ino())) {
             return;
         }
-        let Attach::URetProbeLater { function } = TITLE.attach else {
-            return;
-        };
-        let mut ebpf = lock(&self.ebpf);
-        let result = ebpf
-            .program_mut(&TITLE.program)
-            .context("program missing")
-            .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
-            .and_then(|p| {
-                p.attach(function, &exe, UProbeScope::AllProcesses)
-                    .map_err(Into::into)
-            });
+        let exe = format!("/proc/self/fd/{}", file.as_raw_fd());
         let binary = std::fs::read_link(&exe)
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        match result {
-            Ok(_) => info!(pid, binary, "title uretprobe attached"),
-            // Classification falls back to reading /proc a few ms after fork.
-            Err(e) => warn!(
-                pid,
-                binary,
-                error = format!("{e:#}"),
-                "title uretprobe not attached"
-            ),
+        let mut ebpf = lock(&self.ebpf);
+        for probe in POSTGRES_BINARY {
+            let (Attach::URetProbeLater { function } | Attach::UProbeLater { function }) =
+                probe.attach
+            else {
+                continue;
+            };
+            let result = ebpf
+                .program_mut(&probe.program)
+                .context("program missing")
+                .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
+                .and_then(|p| {
+                    p.attach(function, &exe, UProbeScope::AllProcesses)
+                        .map_err(Into::into)
+                });
+            match result {
+                Ok(_) => info!(pid, binary, function, "uprobe attached"),
+                // Without the title: classification from /proc a few ms after fork; without
+                // the query probe: no query metrics for this binary.
+                Err(e) => warn!(
+                    pid,
+                    binary,
+                    function,
+                    error = format!("{e:#}"),
+                    "uprobe not attached"
+                ),
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use pgio_daemon::{
     device_info::DeviceInfo,
     devices::Devices,
     discovery::Discovery,
-    http, lifecycle, probes,
+    http, lifecycle, probes, query,
     self_metrics::{self, SelfMetrics},
     series::{KernelSeries, SharedTracked},
     syscall, tracefs,
@@ -230,6 +230,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         config.block_inflight_timeout(),
     )?);
     collector.register(syscall::Syscalls::take(&mut ebpf)?);
+    collector.register(query::Queries::take(&mut ebpf)?);
     collector.register(TrackedProcesses);
     collector.register(DeviceInfo);
     collector.register(SelfMetrics::take(&mut ebpf, status)?);
@@ -256,7 +257,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         Classifier::new(config.compiled_rules(), config.pods()),
         shared,
         kernel_series,
-        Some(lifecycle::TitleProbe::new(ebpf.clone())),
+        Some(lifecycle::PostgresProbes::new(ebpf.clone())),
         config.pod_series_retention(),
     );
     // Nothing was tracked before: no process can be missing.

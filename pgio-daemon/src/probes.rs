@@ -24,8 +24,10 @@ pub enum Attach {
     /// `tracepoint/<category>/<program>`
     TracePoint(&'static str),
     /// A uretprobe on `function`, loaded now and attached to each postgres binary as it is
-    /// found (`lifecycle::TitleProbe`).
+    /// found (`lifecycle::PostgresProbes`).
     URetProbeLater { function: &'static str },
+    /// A uprobe on `function`'s entry, attached like `URetProbeLater`.
+    UProbeLater { function: &'static str },
 }
 
 /// The probe family a program belongs to: its kernel side is `pgio-ebpf/src/<family>.rs`.
@@ -34,6 +36,7 @@ pub enum ProbeFamily {
     BlockIo,
     Syscall,
     Lifecycle,
+    Query,
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +74,21 @@ pub const TITLE: Probe = probe(
     ProbeFamily::Lifecycle,
 );
 
+/// PostgreSQL reports each change of `pg_stat_activity.state` through
+/// `pgstat_report_activity`: a query runs from `active` to the next idle state. Without it,
+/// no query metrics.
+pub const QUERY: Probe = probe(
+    "pgstat_report_activity",
+    Attach::UProbeLater {
+        function: "pgstat_report_activity",
+    },
+    true,
+    ProbeFamily::Query,
+);
+
+/// The probes attached to each postgres binary rather than at start.
+pub const POSTGRES_BINARY: [Probe; 2] = [TITLE, QUERY];
+
 /// Every program pgio loads. Loading, `pgio-daemon check` and `pgio_probe_attached` read this.
 pub fn table() -> Vec<Probe> {
     use Attach::{BtfTracePoint, TracePoint};
@@ -86,6 +104,7 @@ pub fn table() -> Vec<Probe> {
         probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
         probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
         TITLE,
+        QUERY,
     ];
     for sc in Syscall::ALL {
         for dir in ["enter", "exit"] {
@@ -194,10 +213,9 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe) -> Result<()> {
             p.attach()
                 .with_context(|| format!("attaching tp_btf/{name}"))?;
         }
-        Attach::URetProbeLater { .. } => {
+        Attach::URetProbeLater { .. } | Attach::UProbeLater { .. } => {
             let p: &mut UProbe = prog.try_into()?;
-            p.load()
-                .with_context(|| format!("loading uretprobe {name}"))?;
+            p.load().with_context(|| format!("loading uprobe {name}"))?;
         }
         Attach::TracePoint(category) => {
             let p: &mut TracePoint = prog.try_into()?;

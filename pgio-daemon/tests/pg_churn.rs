@@ -102,7 +102,11 @@ fn new_backends_leave_the_provisional_series_quickly() {
         100.0 * share
     );
     assert!(
-        daemon.0.log_text().contains("title uretprobe attached"),
+        daemon
+            .0
+            .log_text()
+            .lines()
+            .any(|l| l.contains("uprobe attached") && l.contains("init_ps_display")),
         "the init_ps_display uretprobe was not attached:\n{}",
         daemon.0.log_text()
     );

@@ -10,6 +10,7 @@ mod floor;
 mod hist;
 mod kernel_offsets;
 mod lifecycle;
+mod query;
 mod syscall;
 mod task_storage;
 mod tracked;

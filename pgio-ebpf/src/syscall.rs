@@ -12,7 +12,7 @@ use pgio_common::{
     syscall::{Cache, Syscall, SyscallKey, SyscallStart, futex_op_waits},
 };
 
-use crate::{drops, hist, task_storage::TaskStorage, tracked};
+use crate::{drops, hist, query, task_storage::TaskStorage, tracked};
 
 /// Per-thread syscall start, in the thread's own task storage.
 #[btf_map]
@@ -84,6 +84,9 @@ fn exit(sc: Syscall) -> u32 {
         _pad: 0,
     };
     hist::add(&SYSCALL_HIST, &key, d, 0);
+    if !sc.is_wait() {
+        query::add_io(d, cache == Cache::Miss);
+    }
     0
 }
 

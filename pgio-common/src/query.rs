@@ -1,0 +1,51 @@
+//! Queries of PostgreSQL backends, and the IO time inside each.
+//!
+//! A query is what `pg_stat_activity` shows as `active`: from the backend reporting itself
+//! running (`pgstat_report_activity` with the query text) to its next idle report (with NULL),
+//! which it makes right before `ReadyForQuery`. PostgreSQL 18 renumbered `BackendState`
+//! (measured with bpftrace: running is 2 before 18, 3 from 18), so the text argument, not the
+//! state, tells them apart. Every PostgreSQL build exports `pgstat_report_activity`, so
+//! one uprobe on it serves Debian's and the PyPI builds, 15 to 18, with or without USDT.
+
+use crate::SeriesId;
+
+/// What a query histogram measures.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QueryMetric {
+    /// The query's duration; the bucket's `bytes` field sums its page-cache misses.
+    Duration = 0,
+    /// The time the backend spent in IO syscalls during the query.
+    Io = 1,
+}
+
+impl QueryMetric {
+    pub fn from_u8(v: u8) -> Option<QueryMetric> {
+        match v {
+            0 => Some(QueryMetric::Duration),
+            1 => Some(QueryMetric::Io),
+            _ => None,
+        }
+    }
+}
+
+/// Key of `QUERY_HIST`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryKey {
+    pub series: SeriesId,
+    pub metric: u8,
+    pub slot: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Per-thread query state, in task storage. `start_ns == 0`: no query running.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryState {
+    pub start_ns: u64,
+    /// IO syscall time of the running query.
+    pub io_ns: u64,
+    /// Its reads that submitted block IO (page-cache misses).
+    pub misses: u64,
+}

@@ -1,0 +1,119 @@
+//! Userspace side of the query probe: reads `QUERY_HIST` at scrape time and writes
+//! `pgio_query_seconds`, `pgio_query_io_seconds` and `pgio_query_cache_misses_total`.
+use anyhow::Result;
+use aya::Ebpf;
+use pgio_common::{
+    SeriesId,
+    query::{QueryKey, QueryMetric},
+};
+use tracing::warn;
+
+use crate::{
+    collector::{Scrape, Snapshot, Source},
+    exposition::{Encoder, Family, Kind},
+    hist::{HistKey, HistReader, Hists},
+    labels::WithLabels,
+    maps::take_map,
+    provisional::Provisional,
+};
+
+const HIST_MAP: &str = "QUERY_HIST";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueryId {
+    pub series: SeriesId,
+    pub metric: QueryMetric,
+}
+
+impl HistKey for QueryKey {
+    type Id = QueryId;
+
+    fn series(&self) -> SeriesId {
+        self.series
+    }
+
+    fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    fn id(&self, series: SeriesId) -> QueryId {
+        QueryId {
+            series,
+            // The kernel writes only these two.
+            metric: QueryMetric::from_u8(self.metric).unwrap_or(QueryMetric::Io),
+        }
+    }
+
+    fn series_of(id: &QueryId) -> SeriesId {
+        id.series
+    }
+}
+
+pub struct Queries {
+    reader: HistReader<QueryKey>,
+}
+
+impl Queries {
+    pub fn take(ebpf: &mut Ebpf) -> Result<Queries> {
+        Ok(Queries {
+            reader: HistReader::new(take_map(ebpf, HIST_MAP)?),
+        })
+    }
+}
+
+impl Source for Queries {
+    fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
+        let hists = self.reader.read(routes).unwrap_or_else(|e| {
+            warn!(error = format!("{e:#}"), "reading query map");
+            Hists::new()
+        });
+        Box::new(QuerySnapshot(hists))
+    }
+
+    fn fold(&self, routes: &Provisional) -> Result<()> {
+        self.reader.read(routes).map(drop)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct QuerySnapshot(pub Hists<QueryId>);
+
+static QUERY_SECONDS: Family = Family {
+    name: "pgio_query_seconds",
+    help: "PostgreSQL query duration: from the backend reporting itself active to its next idle report, as pg_stat_activity.state shows it (seconds). One simple-protocol Query message, or one extended-protocol message sequence up to Sync.",
+    kind: Kind::Histogram,
+};
+static QUERY_IO_SECONDS: Family = Family {
+    name: "pgio_query_io_seconds",
+    help: "Time each query spent in the backend's own IO syscalls (pread/pwrite/fsync/fdatasync/io_uring_enter, not futex waits), one observation per query (seconds). IO share: rate(pgio_query_io_seconds_sum) / rate(pgio_query_seconds_sum).",
+    kind: Kind::Histogram,
+};
+static QUERY_CACHE_MISSES: Family = Family {
+    name: "pgio_query_cache_misses",
+    help: "Reads during queries that submitted block IO (page-cache misses).",
+    kind: Kind::Counter,
+};
+
+impl Snapshot for QuerySnapshot {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        let labels = |id: &QueryId| WithLabels {
+            series: scrape.series(id.series),
+            extra: [],
+        };
+        for (family, metric) in [
+            (&QUERY_SECONDS, QueryMetric::Duration),
+            (&QUERY_IO_SECONDS, QueryMetric::Io),
+        ] {
+            let mut f = enc.family(family);
+            for (id, h) in self.0.iter().filter(|(id, _)| id.metric == metric) {
+                f.histogram(labels(id), h);
+            }
+        }
+        let mut f = enc.family(&QUERY_CACHE_MISSES);
+        for (id, h) in self.0.iter() {
+            if id.metric == QueryMetric::Duration {
+                f.counter(labels(id), h.bytes);
+            }
+        }
+    }
+}

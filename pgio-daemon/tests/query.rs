@@ -1,0 +1,220 @@
+//! Query time and the IO inside it (`pgio_query_seconds`, `pgio_query_io_seconds`), on real
+//! PostgreSQL: Debian's 15 and PyPI's 18.
+//! - N × `SELECT pg_sleep(0.05)`: exactly N queries, all in (33.5 ms, 67.1 ms], IO ≈ 0.
+//! - pgbench with each protocol (`-M simple|extended|prepared`): pgio's query count is the
+//!   number of transactions pgbench reports (one statement each), exactly, plus with
+//!   `prepared` one Parse+Sync round trip per client.
+mod common;
+
+use std::time::Duration;
+
+use common::{Daemon, delta};
+use pgio_testkit::{Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir, wait_until};
+
+const DB: &str = "qdb";
+const USER: &str = "quser";
+
+struct Setup {
+    pg: PgCluster,
+    daemon: Daemon,
+    /// The cluster label: its data directory (tests run at once, each with its cluster).
+    cluster: String,
+    _dir: pgio_testkit::TempDir,
+}
+
+impl Setup {
+    fn backend(&self) -> [(&str, &str); 5] {
+        [
+            ("app", "postgres"),
+            ("role", "client backend"),
+            ("database", DB),
+            ("user", USER),
+            ("cluster", &self.cluster),
+        ]
+    }
+
+    fn queries(&self, m: &Metrics) -> f64 {
+        m.sum("pgio_query_seconds_count", &self.backend())
+    }
+
+    /// Waits until pgio's query count reaches `want` and stays there for 300 ms.
+    fn settle(&self, before: &Metrics, want: f64) -> Metrics {
+        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            self.queries(&self.daemon.scrape()) - self.queries(before) >= want
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        self.daemon.scrape()
+    }
+}
+
+fn setup(major: u32, port: u16) -> Setup {
+    let bin = pg_bin_dir(major).unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"));
+    let dir = temp_dir().expect("temp dir");
+    let data = dir.path().join("data");
+    let mut pg = PgCluster::init_with(PgOptions::new(&bin, &data, port)).expect("initdb");
+    let daemon = Daemon::start(&[]).expect("daemon");
+    pg.start().expect("start");
+    daemon.wait_tracked("postgres", "postmaster");
+    pg.psql(&format!("CREATE ROLE {USER} LOGIN")).expect("role");
+    pg.psql(&format!("CREATE DATABASE {DB} OWNER {USER}"))
+        .expect("database");
+    Setup {
+        pg,
+        daemon,
+        cluster: data.display().to_string(),
+        _dir: dir,
+    }
+}
+
+const SLEEPS: u64 = 12;
+
+fn pg_sleep_queries(major: u32, port: u16) {
+    if !require_root(&format!("pg{major}_pg_sleep_queries")) {
+        return;
+    }
+    let mut s = setup(major, port);
+    let mut session = s.pg.session(DB, USER).expect("psql session");
+    // The backend is tracked once it is classified with its database and user.
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            s.daemon
+                .scrape()
+                .sum("pgio_tracked_processes", &s.backend()[..2])
+                >= 1.0
+        }),
+        "no client backend tracked"
+    );
+    let before = s.daemon.scrape();
+    for _ in 0..SLEEPS {
+        session.send("SELECT pg_sleep(0.05);").expect("send");
+    }
+    let after = s.settle(&before, SLEEPS as f64);
+    let h = after
+        .histogram("pgio_query_seconds", &s.backend())
+        .expect("histogram")
+        .since(
+            &before
+                .histogram("pgio_query_seconds", &s.backend())
+                .expect("histogram"),
+        );
+    let io = after
+        .histogram("pgio_query_io_seconds", &s.backend())
+        .expect("histogram")
+        .since(
+            &before
+                .histogram("pgio_query_io_seconds", &s.backend())
+                .expect("histogram"),
+        );
+    eprintln!(
+        "PostgreSQL {major}: {} queries, {:.4} s in all, IO {} queries {:.6} s; buckets {:?}",
+        h.count, h.sum, io.count, io.sum, h.buckets
+    );
+    assert_eq!(h.count, SLEEPS as f64, "one query per statement");
+    let in_bucket = h.count_le(0.067108864) - h.count_le(0.033554432);
+    assert_eq!(in_bucket, SLEEPS as f64, "all in (2^25, 2^26] ns");
+    assert_eq!(io.count, SLEEPS as f64, "one IO observation per query");
+    assert!(io.sum < 0.05 * h.sum, "pg_sleep does no IO: {} s", io.sum);
+    drop(session);
+    s.daemon.stop().expect("daemon stop");
+    s.pg.stop().expect("stop");
+}
+
+#[test]
+fn pg15_pg_sleep_queries() {
+    pg_sleep_queries(15, 56_510);
+}
+
+#[test]
+fn pg18_pg_sleep_queries() {
+    pg_sleep_queries(18, 56_511);
+}
+
+const CLIENTS: u64 = 2;
+const PER_CLIENT: u64 = 300;
+
+fn pgbench_modes(major: u32, port: u16) {
+    if !require_root(&format!("pg{major}_pgbench_query_counts")) {
+        return;
+    }
+    let mut s = setup(major, port);
+    s.pg.pgbench_ok(&["-i", "-s", "1", "-q", DB])
+        .expect("pgbench -i");
+    let grant =
+        s.pg.as_os_user("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+            .args(s.pg.conn_args())
+            .args(["-d", DB, "-c"])
+            .arg(format!(
+                "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {USER};"
+            ))
+            .status()
+            .expect("psql");
+    assert!(grant.success(), "grant");
+    // The -S statement as a script: the built-in one first asks the server for the scale.
+    let script = s.pg.socket_dir().join("select.sql");
+    std::fs::write(
+        &script,
+        "\\set aid random(1, 100000)\nSELECT abalance FROM pgbench_accounts WHERE aid = :aid;\n",
+    )
+    .expect("script");
+    for mode in ["simple", "extended", "prepared"] {
+        let before = s.daemon.scrape();
+        let mut c = s.pg.as_os_user("pgbench");
+        c.args([
+            "-h",
+            &s.pg.socket_dir().to_string_lossy(),
+            "-p",
+            &port.to_string(),
+            "-U",
+            USER,
+            "-n",
+            "-M",
+            mode,
+            "-c",
+            &CLIENTS.to_string(),
+            "-t",
+            &PER_CLIENT.to_string(),
+            "-f",
+            &script.to_string_lossy(),
+            DB,
+        ]);
+        let out = c.output().expect("pgbench");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "pgbench -M {mode}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let transactions: f64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+            .and_then(|v| v.split('/').next()?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no transaction count in {stdout}"));
+        assert_eq!(transactions, (CLIENTS * PER_CLIENT) as f64);
+        let after = s.settle(&before, transactions);
+        let got = delta(&before, &after, "pgio_query_seconds_count", &s.backend());
+        eprintln!(
+            "PostgreSQL {major} -M {mode}: pgbench {transactions} transactions, pgio {got} queries"
+        );
+        // -M prepared: each client first prepares the statement (Parse, Sync), a round trip of
+        // its own that PostgreSQL reports active then idle, like pg_stat_activity shows it.
+        let prepares = if mode == "prepared" {
+            CLIENTS as f64
+        } else {
+            0.0
+        };
+        assert_eq!(got, transactions + prepares, "-M {mode}");
+    }
+    s.daemon.stop().expect("daemon stop");
+    s.pg.stop().expect("stop");
+}
+
+#[test]
+fn pg15_pgbench_query_counts() {
+    pgbench_modes(15, 56_512);
+}
+
+#[test]
+fn pg18_pgbench_query_counts() {
+    pgbench_modes(18, 56_513);
+}
