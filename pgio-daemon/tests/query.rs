@@ -9,7 +9,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Daemon, delta};
-use pgio_testkit::{Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir, wait_until};
+use pgio_testkit::{
+    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir,
+    wait_until,
+};
 
 const DB: &str = "qdb";
 const USER: &str = "quser";
@@ -217,4 +220,105 @@ fn pg15_pgbench_query_counts() {
 #[test]
 fn pg18_pgbench_query_counts() {
     pgbench_modes(18, 56_513);
+}
+
+const ROWS: u64 = 600_000;
+
+/// A cold sequential scan (PostgreSQL 15, data on ext4 on a direct-IO loop device, remounted
+/// so the page cache is cold): the query's IO time equals the backend's read syscall time in
+/// the same window (±5 %), and its duration `pg_stat_statements`' `total_exec_time` (±5 %).
+#[test]
+fn pg15_cold_scan_io_share() {
+    if !require_root("pg15_cold_scan_io_share") {
+        return;
+    }
+    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
+    let dir = temp_dir().expect("temp dir");
+    let lo = LoopDevice::create(dir.path(), 1 << 30, true).expect("loop device");
+    let mut fs = Ext4Mount::new(&lo, &dir.path().join("mnt")).expect("ext4");
+    let data = fs.path().join("pgdata");
+    let opts = PgOptions::new(&bin, &data, 56_514)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off")
+        .setting("max_parallel_workers_per_gather", "0")
+        .setting("shared_preload_libraries", "pg_stat_statements");
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    pg.psql(&format!(
+        "create table t as select g, repeat('x', 200) as pad from generate_series(1, {ROWS}) g"
+    ))
+    .expect("create table");
+    pg.psql("vacuum (freeze, analyze) t").expect("vacuum");
+    pg.psql("create extension pg_stat_statements")
+        .expect("extension");
+    pg.psql("checkpoint").expect("checkpoint");
+    pg.stop().expect("stop");
+    fs.remount().expect("remount");
+
+    let daemon = Daemon::start(&[]).expect("daemon");
+    pg.start().expect("start cold");
+    daemon.wait_tracked("postgres", "postmaster");
+    // Catalogs warm, statistics empty: the window holds the scan.
+    pg.psql("explain select count(*) from t").expect("explain");
+    pg.psql("select pg_stat_statements_reset()").expect("reset");
+    lo.wait_quiet(Duration::from_secs(10));
+    let cluster = data.display().to_string();
+    let backend = [
+        ("role", "client backend"),
+        ("database", "postgres"),
+        ("user", "postgres"),
+        ("cluster", cluster.as_str()),
+    ];
+    let before = daemon.scrape();
+    let count = pg.psql("select count(*) from t").expect("scan");
+    assert_eq!(count, ROWS.to_string());
+    std::thread::sleep(Duration::from_millis(300));
+    let after = daemon.scrape();
+    let d = |name: &str| delta(&before, &after, name, &backend);
+    let (queries, query_s) = (d("pgio_query_seconds_count"), d("pgio_query_seconds_sum"));
+    let io_s = d("pgio_query_io_seconds_sum");
+    let syscall_s = d("pgio_syscall_seconds_sum");
+    let misses = d("pgio_query_cache_misses_total");
+    let reads = delta(
+        &before,
+        &after,
+        "pgio_syscall_seconds_count",
+        &[
+            backend[0],
+            backend[1],
+            backend[2],
+            backend[3],
+            ("cache", "miss"),
+        ],
+    );
+    let stmt = pg
+        .psql(
+            "select round(sum(total_exec_time)::numeric, 3) || ' ' || sum(calls) \
+             from pg_stat_statements where query = 'select count(*) from t'",
+        )
+        .expect("pg_stat_statements");
+    let (exec_ms, calls) = stmt.split_once(' ').expect("two numbers");
+    let exec_s: f64 = exec_ms.parse::<f64>().expect("ms") / 1000.0;
+    eprintln!(
+        "PG15 cold scan: {queries} query {query_s:.4} s, IO {io_s:.4} s ({:.1} %), backend syscalls {syscall_s:.4} s, misses {misses} (read syscalls that missed {reads}); pg_stat_statements {exec_s:.4} s in {calls} calls",
+        100.0 * io_s / query_s
+    );
+    assert_eq!(queries, 1.0, "one query in the window");
+    assert_eq!(calls, "1");
+    assert!(
+        (io_s - syscall_s).abs() <= 0.05 * syscall_s && syscall_s > 0.0,
+        "query IO {io_s} s vs the backend's syscall time {syscall_s} s"
+    );
+    assert!(
+        (query_s - exec_s).abs() <= 0.05 * exec_s,
+        "query {query_s} s vs pg_stat_statements {exec_s} s"
+    );
+    assert_eq!(
+        misses, reads,
+        "the query's misses are its reads that missed"
+    );
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+    drop(fs);
+    lo.detach().expect("detach");
 }
