@@ -322,3 +322,104 @@ fn pg15_cold_scan_io_share() {
     drop(fs);
     lo.detach().expect("detach");
 }
+
+/// Queries that error, a backend terminated mid-query and a client that disconnects
+/// mid-query (PostgreSQL 15): errors are queries (active until the error is reported), the
+/// other two book nothing, and nothing is negative or huge.
+#[test]
+fn pg15_errors_terminations_and_disconnects() {
+    if !require_root("pg15_errors_terminations_and_disconnects") {
+        return;
+    }
+    let mut s = setup(15, 56_515);
+    let mut session = s.pg.session(DB, USER).expect("psql session");
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            s.daemon
+                .scrape()
+                .sum("pgio_tracked_processes", &s.backend()[..2])
+                >= 1.0
+        }),
+        "no client backend tracked"
+    );
+    let before = s.daemon.scrape();
+    for _ in 0..5 {
+        session.send("SELECT 1/0;").expect("send");
+    }
+    let after_errors = s.settle(&before, 5.0);
+    assert_eq!(
+        s.queries(&after_errors) - s.queries(&before),
+        5.0,
+        "5 failed queries"
+    );
+
+    // Terminated while running: the backend exits inside its query.
+    session.send("SELECT pg_sleep(30);").expect("send");
+    let pid = wait_for_active(&s.pg);
+    s.pg.psql(&format!("select pg_terminate_backend({pid})"))
+        .expect("terminate");
+    // Disconnected while running: psql is killed; the backend finds out when it answers.
+    drop(session);
+    let mut session = s.pg.session(DB, USER).expect("psql session");
+    session.send("SELECT pg_sleep(1);").expect("send");
+    let pid2 = wait_for_active(&s.pg);
+    assert_ne!(pid, pid2);
+    drop(session);
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+            s.pg.psql(&format!(
+                "select count(*) from pg_stat_activity where pid = {pid2}"
+            ))
+            .is_ok_and(|n| n == "0")
+        }),
+        "backend {pid2} still there"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let after = s.daemon.scrape();
+    let h = after
+        .histogram("pgio_query_seconds", &s.backend())
+        .expect("histogram")
+        .since(
+            &before
+                .histogram("pgio_query_seconds", &s.backend())
+                .expect("histogram"),
+        );
+    let io = after
+        .histogram("pgio_query_io_seconds", &s.backend())
+        .expect("histogram")
+        .since(
+            &before
+                .histogram("pgio_query_io_seconds", &s.backend())
+                .expect("histogram"),
+        );
+    eprintln!(
+        "errors/terminate/disconnect: {} queries, {:.4} s; IO {} observations, {:.6} s",
+        h.count, h.sum, io.count, io.sum
+    );
+    // The disconnected backend may still finish its pg_sleep(1) as a query; nothing else.
+    assert!(
+        h.count == 5.0 || h.count == 6.0,
+        "{} queries: 5 errors (and the disconnected pg_sleep)",
+        h.count
+    );
+    assert_eq!(h.count_le(0.033554432), 5.0, "the errors are fast");
+    assert!(h.sum < 2.0, "no query of 30 s or more: {} s", h.sum);
+    assert_eq!(io.count, h.count);
+    s.daemon.stop().expect("daemon stop");
+    s.pg.stop().expect("stop");
+}
+
+/// The pid of the one `quser` backend running a query.
+fn wait_for_active(pg: &PgCluster) -> String {
+    let mut pid = String::new();
+    let found = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        pid = pg
+            .psql(&format!(
+                "select pid from pg_stat_activity where usename = '{USER}' and state = 'active'"
+            ))
+            .unwrap_or_default();
+        !pid.is_empty()
+    });
+    assert!(found, "no active {USER} backend");
+    pid
+}
