@@ -43,6 +43,10 @@ pub struct Config {
     /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
     pub block_inflight_timeout_secs: u64,
+    /// The query probe (a uprobe on PostgreSQL's `pgstat_report_activity`, attached per
+    /// postgres binary): `pgio_query_seconds`, `pgio_query_io_seconds`. A uprobe hit costs a
+    /// few µs; see BENCHMARKS.md for what it costs pgbench.
+    pub query_probes: bool,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,
 }
@@ -61,6 +65,7 @@ struct File {
     container_log_dir: Option<Spanned<String>>,
     pod_series_retention_secs: Option<Spanned<u64>>,
     block_inflight_timeout_secs: Option<Spanned<u64>>,
+    query_probes: Option<bool>,
     #[serde(default)]
     rule: Vec<RuleConfig>,
 }
@@ -88,6 +93,7 @@ impl Default for Config {
             container_log_dir: "/var/log/containers".to_owned(),
             pod_series_retention_secs: 300,
             block_inflight_timeout_secs: 180,
+            query_probes: true,
             rules: Vec::new(),
         }
     }
@@ -213,6 +219,7 @@ impl Config {
             block_inflight_timeout_secs: file
                 .block_inflight_timeout_secs
                 .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
+            query_probes: file.query_probes.unwrap_or(default.query_probes),
             rules: file.rule,
         })
     }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::{
     lock,
     maps::take_map,
-    probes::{Attach, POSTGRES_BINARY},
+    probes::{Attach, POSTGRES_BINARY, ProbeFamily},
 };
 
 const RING_MAP: &str = "LIFECYCLE";
@@ -68,13 +68,16 @@ pub fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
 pub struct PostgresProbes {
     ebpf: Arc<Mutex<Ebpf>>,
     attached: HashSet<(u64, u64)>,
+    /// `query_probes` in the config.
+    queries: bool,
 }
 
 impl PostgresProbes {
-    pub fn new(ebpf: Arc<Mutex<Ebpf>>) -> PostgresProbes {
+    pub fn new(ebpf: Arc<Mutex<Ebpf>>, queries: bool) -> PostgresProbes {
         PostgresProbes {
             ebpf,
             attached: HashSet::new(),
+            queries,
         }
     }
 
@@ -98,6 +101,9 @@ impl PostgresProbes {
             .unwrap_or_default();
         let mut ebpf = lock(&self.ebpf);
         for probe in POSTGRES_BINARY {
+            if probe.family == ProbeFamily::Query && !self.queries {
+                continue;
+            }
             let (Attach::URetProbeLater { function } | Attach::UProbeLater { function }) =
                 probe.attach
             else {

@@ -257,7 +257,10 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         Classifier::new(config.compiled_rules(), config.pods()),
         shared,
         kernel_series,
-        Some(lifecycle::PostgresProbes::new(ebpf.clone())),
+        Some(lifecycle::PostgresProbes::new(
+            ebpf.clone(),
+            config.query_probes,
+        )),
         config.pod_series_retention(),
     );
     // Nothing was tracked before: no process can be missing.

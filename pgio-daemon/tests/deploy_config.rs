@@ -28,5 +28,6 @@ fn deploy_config_is_accepted_and_holds_the_defaults() {
         shipped.block_inflight_timeout_secs,
         d.block_inflight_timeout_secs
     );
+    assert_eq!(shipped.query_probes, d.query_probes);
     assert!(shipped.rules.is_empty(), "no rules by default");
 }

@@ -468,7 +468,10 @@ fn footprint(bins: &Bins, secs: u64) -> Result<Footprint> {
 
 struct Tps {
     without: Vec<f64>,
+    /// pgio with `query_probes = false`.
     with: Vec<f64>,
+    /// pgio with its query probe (a uprobe hit per backend state change).
+    with_queries: Vec<f64>,
 }
 
 fn pgbench_tps(pg: &PgCluster, secs: u32) -> Result<f64> {
@@ -492,28 +495,33 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let mut tps = Tps {
         without: Vec::new(),
         with: Vec::new(),
+        with_queries: Vec::new(),
     };
-    for pair in 0..o.pairs {
-        for with in [pair % 2 == 0, pair % 2 != 0] {
-            let daemon = if with {
-                let d = Daemon::start(&bins.daemon, "")?;
-                d.wait_tracked("postgres", "postmaster")?;
-                Some(d)
-            } else {
-                None
+    // One round: without pgio, with pgio, with pgio and its query probe; the order rotates.
+    for round in 0..o.pairs {
+        for k in 0..3 {
+            let variant = (round + k) % 3;
+            let daemon = match variant {
+                0 => None,
+                _ => {
+                    let config = format!("query_probes = {}\n", variant == 2);
+                    let d = Daemon::start(&bins.daemon, &config)?;
+                    d.wait_tracked("postgres", "postmaster")?;
+                    Some(d)
+                }
             };
             let t = pgbench_tps(&pg, o.pgbench_secs)?;
+            let (name, runs) = match variant {
+                0 => ("without pgio", &mut tps.without),
+                1 => ("with pgio", &mut tps.with),
+                _ => ("with pgio and query probes", &mut tps.with_queries),
+            };
             step(format!(
-                "pgbench pair {}/{}: {} pgio: {t:.0} tps",
-                pair + 1,
-                o.pairs,
-                if with { "with" } else { "without" }
+                "pgbench round {}/{}: {name}: {t:.0} tps",
+                round + 1,
+                o.pairs
             ));
-            if with {
-                tps.with.push(t);
-            } else {
-                tps.without.push(t);
-            }
+            runs.push(t);
             if let Some(d) = daemon {
                 d.stop()?;
             }
@@ -709,7 +717,7 @@ fn report(
         r,
         "PostgreSQL 15, scale 10 on ext4 on a direct-IO loop device, warm cache (the worst case \
          for relative overhead: every transaction is CPU and syscalls), `pgbench -S -c 2 -j 2 -T \
-         {}`, {} interleaved pairs; pgio tracks every Postgres process.\n",
+         {}`, {} interleaved rounds of three runs; pgio tracks every Postgres process.\n",
         o.pgbench_secs, o.pairs
     );
     let _ = writeln!(r, "| | median tps | runs |\n|---|---:|---|");
@@ -724,19 +732,32 @@ fn report(
         "| without pgio | {mwo:.0} | {} |",
         fmt_runs(&tps.without)
     );
-    let _ = writeln!(r, "| with pgio | {mw:.0} | {} |", fmt_runs(&tps.with));
-    let mut paired: Vec<f64> = tps
-        .with
-        .iter()
-        .zip(&tps.without)
-        .map(|(w, wo)| w / wo)
-        .collect();
     let _ = writeln!(
         r,
-        "\nRatio of medians with/without: **{:.3}** (target ≥ 0.97); median of the per-pair \
-         ratios: {:.3}.",
+        "| with pgio, `query_probes = false` | {mw:.0} | {} |",
+        fmt_runs(&tps.with)
+    );
+    let mut wq = tps.with_queries.clone();
+    let mwq = median(&mut wq);
+    let _ = writeln!(
+        r,
+        "| with pgio and its query probe | {mwq:.0} | {} |",
+        fmt_runs(&tps.with_queries)
+    );
+    let paired = |a: &[f64], b: &[f64]| {
+        let mut v: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        median(&mut v)
+    };
+    let _ = writeln!(
+        r,
+        "\nRatio of medians with/without pgio: **{:.3}** (target ≥ 0.98), median of the \
+         per-round ratios {:.3}; with the query probe: **{:.3}**, per round {:.3}; the query \
+         probe alone (with/without it, pgio running): {:.3}.",
         mw / mwo,
-        median(&mut paired)
+        paired(&tps.with, &tps.without),
+        mwq / mwo,
+        paired(&tps.with_queries, &tps.without),
+        mwq / mw
     );
 
     let _ = writeln!(r, "\n## 3. Daemon footprint\n");

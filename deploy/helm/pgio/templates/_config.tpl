@@ -13,6 +13,7 @@ pod_log_dir = {{ include "pgio.tomlString" $c.pod_log_dir }}
 container_log_dir = {{ include "pgio.tomlString" $c.container_log_dir }}
 pod_series_retention_secs = {{ int $c.pod_series_retention_secs }}
 block_inflight_timeout_secs = {{ int $c.block_inflight_timeout_secs }}
+query_probes = {{ $c.query_probes }}
 {{- range $rule := $c.rules }}
 
 [[rule]]
