@@ -44,8 +44,8 @@ pub struct Config {
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
     pub block_inflight_timeout_secs: u64,
     /// The query probe (a uprobe on PostgreSQL's `pgstat_report_activity`, attached per
-    /// postgres binary): `pgio_query_seconds`, `pgio_query_io_seconds`. A uprobe hit costs a
-    /// few µs; see BENCHMARKS.md for what it costs pgbench.
+    /// postgres binary): `pgio_query_seconds`, `pgio_query_io_seconds`. Off by default: two
+    /// or more uprobe hits per query cost `pgbench -S` 12 % of its TPS (BENCHMARKS.md).
     pub query_probes: bool,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,
@@ -93,7 +93,7 @@ impl Default for Config {
             container_log_dir: "/var/log/containers".to_owned(),
             pod_series_retention_secs: 300,
             block_inflight_timeout_secs: 180,
-            query_probes: true,
+            query_probes: false,
             rules: Vec::new(),
         }
     }

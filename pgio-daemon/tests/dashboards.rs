@@ -67,6 +67,8 @@ const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[
 /// Heatmap panels each dashboard must have (dashboard uid, title): the latency distributions a
 /// user reads like bpftrace's log2 histograms.
 const HEATMAPS: &[(&str, &str)] = &[
+    ("pgio-postgres", "Query duration heatmap"),
+    ("pgio-postgres", "IO time per query heatmap"),
     (
         "pgio-postgres",
         "Read latency heatmap, page-cache misses: $role",
@@ -619,7 +621,7 @@ fn every_panel_query_returns_data() {
     let daemon = longhorn_daemon(
         &s.vol,
         &format!(
-            "bpf_stats = true\nrescan_interval_secs = 1\n{}",
+            "bpf_stats = true\nrescan_interval_secs = 1\nquery_probes = true\n{}",
             logs.config()
         ),
     );

@@ -55,7 +55,7 @@ fn setup(major: u32, port: u16) -> Setup {
     let dir = temp_dir().expect("temp dir");
     let data = dir.path().join("data");
     let mut pg = PgCluster::init_with(PgOptions::new(&bin, &data, port)).expect("initdb");
-    let daemon = Daemon::start(&[]).expect("daemon");
+    let daemon = Daemon::with_config("query_probes = true\n").expect("daemon");
     pg.start().expect("start");
     daemon.wait_tracked("postgres", "postmaster");
     pg.psql(&format!("CREATE ROLE {USER} LOGIN")).expect("role");
@@ -255,7 +255,7 @@ fn pg15_cold_scan_io_share() {
     pg.stop().expect("stop");
     fs.remount().expect("remount");
 
-    let daemon = Daemon::start(&[]).expect("daemon");
+    let daemon = Daemon::with_config("query_probes = true\n").expect("daemon");
     pg.start().expect("start cold");
     daemon.wait_tracked("postgres", "postmaster");
     // Catalogs warm, statistics empty: the window holds the scan.
@@ -303,6 +303,14 @@ fn pg15_cold_scan_io_share() {
         "PG15 cold scan: {queries} query {query_s:.4} s, IO {io_s:.4} s ({:.1} %), backend syscalls {syscall_s:.4} s, misses {misses} (read syscalls that missed {reads}); pg_stat_statements {exec_s:.4} s in {calls} calls",
         100.0 * io_s / query_s
     );
+    // For the README: the client backend's query lines.
+    for x in after
+        .all()
+        .iter()
+        .filter(|x| x.name.starts_with("pgio_query_") && x.matches(&backend))
+    {
+        eprintln!("{} {:?} {}", x.name, x.labels, x.value);
+    }
     assert_eq!(queries, 1.0, "one query in the window");
     assert_eq!(calls, "1");
     assert!(
