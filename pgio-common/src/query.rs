@@ -48,4 +48,6 @@ pub struct QueryState {
     pub io_ns: u64,
     /// Its reads that submitted block IO (page-cache misses).
     pub misses: u64,
+    /// Inside `pgaio_wref_wait` (PostgreSQL 18 AIO) since then; 0 outside.
+    pub wait_start_ns: u64,
 }

@@ -13,7 +13,7 @@ use aya::{
     programs::{UProbe, uprobe::UProbeScope},
 };
 use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     lock,
@@ -119,6 +119,14 @@ impl PostgresProbes {
                 });
             match result {
                 Ok(_) => info!(pid, binary, function, "uprobe attached"),
+                // PostgreSQL before 18 has no AIO: nothing is missing.
+                Err(e) if function == "pgaio_wref_wait" => debug!(
+                    pid,
+                    binary,
+                    function,
+                    error = format!("{e:#}"),
+                    "uprobe not attached"
+                ),
                 // Without the title: classification from /proc a few ms after fork; without
                 // the query probe: no query metrics for this binary.
                 Err(e) => warn!(

@@ -86,8 +86,27 @@ pub const QUERY: Probe = probe(
     ProbeFamily::Query,
 );
 
+/// PostgreSQL 18's wait for an asynchronous IO (with `io_method = worker` an io worker does the
+/// read): its time is the query's IO time. Absent before 18.
+pub const QUERY_IO_WAIT: Probe = probe(
+    "pgaio_wref_wait",
+    Attach::UProbeLater {
+        function: "pgaio_wref_wait",
+    },
+    true,
+    ProbeFamily::Query,
+);
+pub const QUERY_IO_WAIT_RETURN: Probe = probe(
+    "pgaio_wref_wait_return",
+    Attach::URetProbeLater {
+        function: "pgaio_wref_wait",
+    },
+    true,
+    ProbeFamily::Query,
+);
+
 /// The probes attached to each postgres binary rather than at start.
-pub const POSTGRES_BINARY: [Probe; 2] = [TITLE, QUERY];
+pub const POSTGRES_BINARY: [Probe; 4] = [TITLE, QUERY, QUERY_IO_WAIT, QUERY_IO_WAIT_RETURN];
 
 /// Every program pgio loads. Loading, `pgio-daemon check` and `pgio_probe_attached` read this.
 pub fn table() -> Vec<Probe> {
@@ -105,6 +124,8 @@ pub fn table() -> Vec<Probe> {
         probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
         TITLE,
         QUERY,
+        QUERY_IO_WAIT,
+        QUERY_IO_WAIT_RETURN,
     ];
     for sc in Syscall::ALL {
         for dir in ["enter", "exit"] {

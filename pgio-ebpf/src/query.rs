@@ -4,9 +4,9 @@
 //! histogram increments.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_map, map, uprobe},
+    macros::{btf_map, map, uprobe, uretprobe},
     maps::PerCpuHashMap,
-    programs::ProbeContext,
+    programs::{ProbeContext, RetProbeContext},
 };
 use pgio_common::{
     SeriesId,
@@ -58,6 +58,7 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
                     start_ns: bpf_ktime_get_ns(),
                     io_ns: 0,
                     misses: 0,
+                    wait_start_ns: 0,
                 };
             }
         }
@@ -71,7 +72,10 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
     if s.start_ns == 0 {
         return 0;
     }
-    unsafe { (*q).start_ns = 0 };
+    unsafe {
+        (*q).start_ns = 0;
+        (*q).wait_start_ns = 0;
+    }
     let d = unsafe { bpf_ktime_get_ns() }.wrapping_sub(s.start_ns);
     book(series, QueryMetric::Duration, d, s.misses);
     // IO time is within the query's; the min guards a clock oddity, never a real case.
@@ -79,7 +83,9 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// An IO syscall of this thread took `ns`: part of its running query, if one is.
+/// An IO syscall of this thread took `ns`: part of its running query, if one is. Inside an
+/// AIO wait the wait's whole time is counted instead (with `io_method = io_uring` the wait is
+/// an `io_uring_enter`: counting both would count it twice).
 #[inline(always)]
 pub fn add_io(ns: u64, miss: bool) {
     let Some(q) = QUERY.current() else {
@@ -88,8 +94,43 @@ pub fn add_io(ns: u64, miss: bool) {
     // SAFETY: this thread's own storage.
     unsafe {
         if (*q).start_ns != 0 {
-            (*q).io_ns += ns;
             (*q).misses += miss as u64;
+            if (*q).wait_start_ns == 0 {
+                (*q).io_ns += ns;
+            }
         }
     }
+}
+
+/// PostgreSQL 18's `pgaio_wref_wait` entry: the backend waits for an IO it started, which with
+/// `io_method = worker` an io worker performs (no IO syscall of the backend's own).
+#[uprobe]
+pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
+    let Some(q) = QUERY.current() else {
+        return 0;
+    };
+    // SAFETY: this thread's own storage.
+    unsafe {
+        if (*q).start_ns != 0 && (*q).wait_start_ns == 0 {
+            (*q).wait_start_ns = bpf_ktime_get_ns();
+        }
+    }
+    0
+}
+
+/// Its return: the wait is IO time of the running query.
+#[uretprobe]
+pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
+    let Some(q) = QUERY.current() else {
+        return 0;
+    };
+    // SAFETY: this thread's own storage.
+    unsafe {
+        let start = (*q).wait_start_ns;
+        if start != 0 {
+            (*q).wait_start_ns = 0;
+            (*q).io_ns += bpf_ktime_get_ns().wrapping_sub(start);
+        }
+    }
+    0
 }
