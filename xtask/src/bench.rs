@@ -52,7 +52,7 @@ impl BenchOptions {
         BenchOptions {
             rounds: 15,
             calls: 1_000_000,
-            pairs: 8,
+            pairs: 12,
             pgbench_secs: 6,
             quick: false,
             per_call_only,
