@@ -45,7 +45,7 @@ pub struct Config {
     pub block_inflight_timeout_secs: u64,
     /// The query probe (a uprobe on PostgreSQL's `pgstat_report_activity`, attached per
     /// postgres binary): `pgio_query_seconds`, `pgio_query_io_seconds`. Off by default: two
-    /// or more uprobe hits per query cost `pgbench -S` 12 % of its TPS (BENCHMARKS.md).
+    /// or more uprobe hits per query cost `pgbench -S` 8–12 % of its TPS (BENCHMARKS.md).
     pub query_probes: bool,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,

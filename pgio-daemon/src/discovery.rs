@@ -32,7 +32,7 @@ pub struct Discovery {
     classifier: Classifier,
     shared: SharedTracked,
     kernel: KernelSeries,
-    titles: Option<PostgresProbes>,
+    postgres_probes: Option<PostgresProbes>,
     schedule: Schedule,
     self_pid: u32,
     /// How long a pod's series outlives its last process (see `series`).
@@ -44,7 +44,7 @@ impl Discovery {
         classifier: Classifier,
         shared: SharedTracked,
         kernel: KernelSeries,
-        titles: Option<PostgresProbes>,
+        postgres_probes: Option<PostgresProbes>,
         pod_series_retention: Duration,
     ) -> Discovery {
         {
@@ -55,7 +55,7 @@ impl Discovery {
             classifier,
             shared,
             kernel,
-            titles,
+            postgres_probes,
             schedule: Schedule::default(),
             self_pid: std::process::id(),
             pod_series_retention,
@@ -198,7 +198,7 @@ impl Discovery {
             self.kernel.set_children(parent, child);
         }
         if Classifier::announces_titles(&labels)
-            && let Some(t) = self.titles.as_mut()
+            && let Some(t) = self.postgres_probes.as_mut()
         {
             t.attach_for(pid);
         }
@@ -277,7 +277,7 @@ impl Discovery {
         if let Some(labels) = labels.filter(Classifier::is_provisional) {
             // A new postmaster only changes into its data directory (its cluster label) after
             // exec: book it under its own provisional series until then, as a forked child.
-            if let Some(t) = self.titles.as_mut() {
+            if let Some(t) = self.postgres_probes.as_mut() {
                 t.attach_for(pid);
             }
             let mut shared = lock(&self.shared);
