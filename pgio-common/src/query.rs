@@ -17,6 +17,8 @@ pub enum QueryMetric {
     Duration = 0,
     /// The time the backend spent in IO syscalls during the query.
     Io = 1,
+    /// The part of it in reads that missed the page cache (submitted block IO).
+    ReadMiss = 2,
 }
 
 impl QueryMetric {
@@ -24,6 +26,7 @@ impl QueryMetric {
         match v {
             0 => Some(QueryMetric::Duration),
             1 => Some(QueryMetric::Io),
+            2 => Some(QueryMetric::ReadMiss),
             _ => None,
         }
     }
@@ -48,6 +51,8 @@ pub struct QueryState {
     pub io_ns: u64,
     /// Its reads that submitted block IO (page-cache misses).
     pub misses: u64,
+    /// Their time.
+    pub miss_ns: u64,
     /// Inside `pgaio_wref_wait` (PostgreSQL 18 AIO) since then; 0 outside.
     pub wait_start_ns: u64,
 }

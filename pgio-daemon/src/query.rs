@@ -1,5 +1,6 @@
 //! Userspace side of the query probe: reads `QUERY_HIST` at scrape time and writes
-//! `pgio_query_seconds`, `pgio_query_io_seconds` and `pgio_query_cache_misses_total`.
+//! `pgio_query_seconds`, `pgio_query_io_seconds`, `pgio_query_read_miss_seconds` and
+//! `pgio_query_cache_misses_total`.
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
@@ -88,6 +89,11 @@ static QUERY_IO_SECONDS: Family = Family {
     help: "Time each query spent in the backend's own IO syscalls (pread/pwrite/fsync/fdatasync/io_uring_enter, not futex waits), one observation per query (seconds). IO share: rate(pgio_query_io_seconds_sum) / rate(pgio_query_seconds_sum).",
     kind: Kind::Histogram,
 };
+static QUERY_READ_MISS_SECONDS: Family = Family {
+    name: "pgio_query_read_miss_seconds",
+    help: "Per query, the part of pgio_query_io_seconds spent in reads that missed the page cache (the reading thread submitted block IO), one observation per query (seconds).",
+    kind: Kind::Histogram,
+};
 static QUERY_CACHE_MISSES: Family = Family {
     name: "pgio_query_cache_misses",
     help: "Reads during queries that submitted block IO (page-cache misses).",
@@ -103,6 +109,7 @@ impl Snapshot for QuerySnapshot {
         for (family, metric) in [
             (&QUERY_SECONDS, QueryMetric::Duration),
             (&QUERY_IO_SECONDS, QueryMetric::Io),
+            (&QUERY_READ_MISS_SECONDS, QueryMetric::ReadMiss),
         ] {
             let mut f = enc.family(family);
             for (id, h) in self.0.iter().filter(|(id, _)| id.metric == metric) {

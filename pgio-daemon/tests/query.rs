@@ -375,6 +375,25 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         misses, reads,
         "the query's misses are its reads that missed"
     );
+    // Its time in those reads is the backend's time in reads that missed.
+    let miss_s = d("pgio_query_read_miss_seconds_sum");
+    let missed_s = delta(
+        &before,
+        &after,
+        "pgio_syscall_seconds_sum",
+        &[
+            backend[0],
+            backend[1],
+            backend[2],
+            backend[3],
+            ("cache", "miss"),
+        ],
+    );
+    eprintln!("{case}: read-miss time {miss_s:.4} s, the backend's missed reads {missed_s:.4} s");
+    assert!(
+        (miss_s - missed_s).abs() <= 0.05 * missed_s.max(1e-3),
+        "query read-miss time {miss_s} s vs the backend's missed reads {missed_s} s"
+    );
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
     drop(fs);

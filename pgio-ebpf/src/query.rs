@@ -58,6 +58,7 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
                     start_ns: bpf_ktime_get_ns(),
                     io_ns: 0,
                     misses: 0,
+                    miss_ns: 0,
                     wait_start_ns: 0,
                 };
             }
@@ -80,6 +81,7 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
     book(series, QueryMetric::Duration, d, s.misses);
     // IO time is within the query's; the min guards a clock oddity, never a real case.
     book(series, QueryMetric::Io, s.io_ns.min(d), 0);
+    book(series, QueryMetric::ReadMiss, s.miss_ns.min(d), 0);
     0
 }
 
@@ -93,10 +95,11 @@ pub fn add_io(ns: u64, miss: bool) {
     };
     // SAFETY: this thread's own storage.
     unsafe {
-        if (*q).start_ns != 0 {
-            (*q).misses += miss as u64;
-            if (*q).wait_start_ns == 0 {
-                (*q).io_ns += ns;
+        if (*q).start_ns != 0 && (*q).wait_start_ns == 0 {
+            (*q).io_ns += ns;
+            if miss {
+                (*q).misses += 1;
+                (*q).miss_ns += ns;
             }
         }
     }
