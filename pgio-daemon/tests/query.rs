@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{Daemon, delta};
 use pgio_testkit::{
-    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir,
-    wait_until,
+    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, metrics::Histogram, pg_bin_dir,
+    require_root, temp_dir, wait_until,
 };
 
 const DB: &str = "qdb";
@@ -38,6 +38,12 @@ impl Setup {
 
     fn queries(&self, m: &Metrics) -> f64 {
         m.sum("pgio_query_seconds_count", &self.backend())
+    }
+
+    /// The backend's histogram `family` between two scrapes.
+    fn window(&self, before: &Metrics, after: &Metrics, family: &str) -> Histogram {
+        let h = |m: &Metrics| m.histogram(family, &self.backend()).expect("histogram");
+        h(after).since(&h(before))
     }
 
     /// Waits until pgio's query count reaches `want` and stays there for 300 ms.
@@ -92,22 +98,10 @@ fn pg_sleep_queries(major: u32, port: u16) {
         session.send("SELECT pg_sleep(0.05);").expect("send");
     }
     let after = s.settle(&before, SLEEPS as f64);
-    let h = after
-        .histogram("pgio_query_seconds", &s.backend())
-        .expect("histogram")
-        .since(
-            &before
-                .histogram("pgio_query_seconds", &s.backend())
-                .expect("histogram"),
-        );
-    let io = after
-        .histogram("pgio_query_io_seconds", &s.backend())
-        .expect("histogram")
-        .since(
-            &before
-                .histogram("pgio_query_io_seconds", &s.backend())
-                .expect("histogram"),
-        );
+    let (h, io) = (
+        s.window(&before, &after, "pgio_query_seconds"),
+        s.window(&before, &after, "pgio_query_io_seconds"),
+    );
     eprintln!(
         "PostgreSQL {major}: {} queries, {:.4} s in all, IO {} queries {:.6} s; buckets {:?}",
         h.count, h.sum, io.count, io.sum, h.buckets
@@ -453,22 +447,10 @@ fn pg15_errors_terminations_and_disconnects() {
     );
     std::thread::sleep(Duration::from_millis(300));
     let after = s.daemon.scrape();
-    let h = after
-        .histogram("pgio_query_seconds", &s.backend())
-        .expect("histogram")
-        .since(
-            &before
-                .histogram("pgio_query_seconds", &s.backend())
-                .expect("histogram"),
-        );
-    let io = after
-        .histogram("pgio_query_io_seconds", &s.backend())
-        .expect("histogram")
-        .since(
-            &before
-                .histogram("pgio_query_io_seconds", &s.backend())
-                .expect("histogram"),
-        );
+    let (h, io) = (
+        s.window(&before, &after, "pgio_query_seconds"),
+        s.window(&before, &after, "pgio_query_io_seconds"),
+    );
     eprintln!(
         "errors/terminate/disconnect: {} queries, {:.4} s; IO {} observations, {:.6} s",
         h.count, h.sum, io.count, io.sum
