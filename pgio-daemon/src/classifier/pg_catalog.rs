@@ -5,7 +5,7 @@
 //! Heap page and tuple layout, the relation mapper file and the first two columns of both
 //! catalogs (`oid`, then a 64-byte `name`) are the same in PostgreSQL 15 to 18. The files hold
 //! what the last checkpoint wrote: a role or database created since is not there yet.
-use std::{collections::HashSet, path::Path};
+use std::{collections::HashSet, os::fd::OwnedFd, path::Path};
 
 const BLCKSZ: usize = 8192;
 const PG_AUTHID: u32 = 1260;
@@ -26,11 +26,17 @@ pub struct CatalogNames {
 /// Reads both catalogs of the cluster whose data directory is `data_dir` (pass
 /// `/proc/<pid>/cwd` to see through a container's mount namespace).
 pub fn read(data_dir: &Path) -> std::io::Result<CatalogNames> {
-    let global = data_dir.join("global");
-    let map = read_capped(&global.join("pg_filenode.map"))?;
+    use rustix::fs::{Mode, OFlags};
+    let dir = rustix::fs::open(
+        data_dir,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let owner = rustix::fs::fstat(&dir)?.st_uid;
+    let map = read_capped(&dir, "global/pg_filenode.map", owner)?;
     let file_of = |oid: u32| -> std::io::Result<Vec<u8>> {
         let node = filenode(&map, oid).unwrap_or(oid);
-        read_capped(&global.join(node.to_string()))
+        read_capped(&dir, &format!("global/{node}"), owner)
     };
     Ok(CatalogNames {
         roles: names_in_heap(&file_of(PG_AUTHID)?).collect(),
@@ -38,12 +44,30 @@ pub fn read(data_dir: &Path) -> std::io::Result<CatalogNames> {
     })
 }
 
-/// At most `MAX_READ` bytes: any process named `postgres` can point pgio at its working
-/// directory, so what is read must stay small (1 MiB is ~5,000 roles or databases).
-fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+/// `rel` beneath the data directory `dir`, trusting nothing in it: any process named
+/// `postgres` can point pgio at its working directory. No symlink anywhere on the way (not
+/// to /etc/shadow, not to another cluster's catalogs), a non-blocking open (a FIFO cannot
+/// stall discovery), only a regular file owned by the directory's owner, at most `MAX_READ`
+/// bytes (1 MiB is ~5,000 roles or databases).
+fn read_capped(dir: &OwnedFd, rel: &str, owner: u32) -> std::io::Result<Vec<u8>> {
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
     use std::io::Read;
+    let fd = rustix::fs::openat2(
+        dir,
+        rel,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_uid != owner {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{rel}: not a regular file owned by the data directory's owner"),
+        ));
+    }
     let mut out = Vec::new();
-    std::fs::File::open(path)?
+    std::fs::File::from(fd)
         .take(MAX_READ)
         .read_to_end(&mut out)?;
     Ok(out)
