@@ -83,9 +83,11 @@ fn main() -> ExitCode {
         } => {
             let filter = tracing_subscriber::EnvFilter::try_new(&log_level)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            // Colours only for a person at a terminal, not in a journal or a pod's log.
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             let config = match config
                 .as_deref()
@@ -112,7 +114,7 @@ fn main() -> ExitCode {
             match rt.block_on(run(config, listen)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    error!("{e:#}");
+                    // Once, plainly: the log goes to stderr too.
                     eprintln!("pgio-daemon: {e:#}");
                     ExitCode::FAILURE
                 }
@@ -274,7 +276,9 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         .context("starting the provisional-series thread")?;
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
 
-    info!(%listen, "serving /metrics");
+    // The bound address: with port 0 the kernel picked one.
+    let bound = listener.local_addr().unwrap_or(listen);
+    info!(listen = %bound, "serving /metrics");
     let server =
         axum::serve(listener, http::router(collector)).with_graceful_shutdown(shutdown_signal());
     tokio::select! {

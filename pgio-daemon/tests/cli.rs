@@ -62,9 +62,10 @@ fn port_in_use_is_named() {
         .expect("run daemon");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!("cannot listen on {addr}")),
-        "{stderr}"
+    assert_eq!(
+        stderr.matches(&format!("cannot listen on {addr}")).count(),
+        1,
+        "said once: {stderr}"
     );
     assert!(
         stderr.contains("Address in use") || stderr.contains("in use"),
@@ -193,4 +194,46 @@ fn content_negotiation() {
         assert!(names.iter().any(|n| n == family), "{family}: {names:?}");
     }
     d.stop().expect("clean exit");
+}
+
+/// With stderr not a terminal the log has no colour codes, and `--listen 127.0.0.1:0` logs the
+/// port the kernel picked.
+#[test]
+fn log_is_plain_and_names_the_bound_port() {
+    if !require_root("log_is_plain_and_names_the_bound_port") {
+        return;
+    }
+    let dir = temp_dir().expect("temp dir");
+    let log = dir.path().join("log");
+    let mut child = daemon()
+        .args(["run", "--listen", "127.0.0.1:0"])
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("run daemon");
+    let mut text = String::new();
+    let up = pgio_testkit::wait_until(
+        std::time::Duration::from_secs(20),
+        std::time::Duration::from_millis(100),
+        || {
+            text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("serving /metrics")
+        },
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(up, "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "colour codes in a log file: {text:?}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains("serving /metrics"))
+        .unwrap_or_default();
+    let port: u16 = line
+        .rsplit_once("listen=127.0.0.1:")
+        .and_then(|(_, p)| p.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert_ne!(port, 0, "{line}");
 }
