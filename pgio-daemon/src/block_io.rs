@@ -13,7 +13,6 @@ use pgio_common::{
     block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp},
     hist::Bucket,
 };
-use tracing::warn;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
@@ -73,7 +72,7 @@ impl BlockIo {
     /// `timeout`: how long a request may be in flight before its completion counts as lost.
     pub fn take(ebpf: &mut Ebpf, timeout: Duration) -> Result<BlockIo> {
         Ok(BlockIo {
-            reader: HistReader::new(take_map(ebpf, HIST_MAP)?),
+            reader: HistReader::take(ebpf, HIST_MAP)?,
             inflight: Mutex::new(take_map(ebpf, INFLIGHT_MAP)?),
             timeout,
         })
@@ -139,11 +138,7 @@ impl Source for BlockIo {
     /// once-a-second fold passes under connection churn have no use for it.
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
         self.sweep();
-        let hists = self.reader.read(routes).unwrap_or_else(|e| {
-            warn!(error = format!("{e:#}"), "reading block IO map");
-            Hists::new()
-        });
-        Box::new(BlockIoSnapshot(hists))
+        Box::new(BlockIoSnapshot(self.reader.read_or_empty(routes)))
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {

@@ -2,14 +2,20 @@
 use std::{collections::BTreeMap, sync::Mutex};
 
 use anyhow::Result;
-use aya::maps::{MapData, PerCpuHashMap};
+use aya::{
+    Ebpf,
+    maps::{MapData, PerCpuHashMap},
+};
 use pgio_common::{
     SeriesId,
     hist::{Bucket, SLOTS},
 };
 
+use tracing::warn;
+
 use crate::{
     lock,
+    maps::take_map,
     provisional::{Provisional, Route},
 };
 
@@ -95,6 +101,8 @@ pub type Hists<Id> = BTreeMap<Id, Log2Hist>;
 /// classified, then moved into the series it was classified as: deleted from the kernel map
 /// and kept in `carry`, so every exported series stays monotonic.
 pub struct HistReader<K: HistKey> {
+    /// The map's name, for log messages.
+    name: &'static str,
     map: Mutex<PerCpuHashMap<MapData, K, Bucket>>,
     carry: Mutex<Hists<K::Id>>,
     /// Counts userspace books under a kernel key (`book`): they take the same routes as the
@@ -103,12 +111,27 @@ pub struct HistReader<K: HistKey> {
 }
 
 impl<K: HistKey> HistReader<K> {
-    pub fn new(map: PerCpuHashMap<MapData, K, Bucket>) -> HistReader<K> {
-        HistReader {
-            map: Mutex::new(map),
+    /// Takes the histogram map `name` out of the loaded object.
+    pub fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<HistReader<K>> {
+        Ok(HistReader {
+            name,
+            map: Mutex::new(take_map(ebpf, name)?),
             carry: Mutex::default(),
             booked: Mutex::default(),
-        }
+        })
+    }
+
+    /// `read` for a scrape: a map that cannot be read is logged and exported empty, so the
+    /// other families still are.
+    pub fn read_or_empty(&self, routes: &Provisional) -> Hists<K::Id> {
+        self.read(routes).unwrap_or_else(|e| {
+            warn!(
+                map = self.name,
+                error = format!("{e:#}"),
+                "reading a histogram map"
+            );
+            Hists::new()
+        })
     }
 
     /// Adds `b` under `key` from userspace, for what only userspace finds (the block sweep's

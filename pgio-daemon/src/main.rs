@@ -220,7 +220,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     } else {
         None
     };
-    let probes::Probes { mut ebpf, status } = probes::load_and_attach()?;
+    let probes::Probes { mut ebpf, status } = probes::load_and_attach(config.query_probes)?;
     let kernel_series = KernelSeries::take(&mut ebpf)?;
     let ring = lifecycle::take_ring(&mut ebpf)?;
     let shared: SharedTracked = Arc::default();

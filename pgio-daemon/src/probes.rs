@@ -12,7 +12,7 @@ use aya::{
 use pgio_common::{kernel_offsets::KernelOffsets, syscall::Syscall};
 use tracing::{info, warn};
 
-use crate::{btf::KernelBtf, kernel_offsets, series};
+use crate::{btf::KernelBtf, kernel_offsets, query, series};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pgio"));
 
@@ -166,7 +166,7 @@ fn require_object() -> Result<()> {
 /// the same tracepoints pgio uses for pread64.
 pub fn load_floor() -> Result<Ebpf> {
     require_object()?;
-    let mut ebpf = load(&KernelOffsets::default())?;
+    let mut ebpf = load(&KernelOffsets::default(), false)?;
     for dir in ["enter", "exit"] {
         let name = format!("floor_sys_{dir}_pread64");
         let p: &mut TracePoint = ebpf
@@ -181,7 +181,7 @@ pub fn load_floor() -> Result<Ebpf> {
 
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
 /// is attached).
-fn load(offsets: &KernelOffsets) -> Result<Ebpf> {
+fn load(offsets: &KernelOffsets, query_probes: bool) -> Result<Ebpf> {
     // One slot per pid: the tgid-indexed array must reach pid_max.
     let pid_max = procfs::sys::kernel::pid_max()
         .ok()
@@ -193,16 +193,18 @@ fn load(offsets: &KernelOffsets) -> Result<Ebpf> {
         // for it (userspace never reads it).
         .allow_unsupported_maps()
         .override_global(kernel_offsets::GLOBAL, offsets, true)
+        .override_global(query::ENABLED_GLOBAL, &u8::from(query_probes), true)
         .map_max_entries(series::TRACKED_MAP, pid_max)
         .load(OBJECT)
         .context("loading the eBPF object")
 }
 
-pub fn load_and_attach() -> Result<Probes> {
+/// `query_probes`: whether the syscall exits keep the query bookkeeping (see `query`).
+pub fn load_and_attach(query_probes: bool) -> Result<Probes> {
     require_object()?;
     let btf = KernelBtf::open()?;
     let offsets = kernel_offsets::from_btf(&btf).context("reading struct offsets from BTF")?;
-    let mut ebpf = load(&offsets)?;
+    let mut ebpf = load(&offsets, query_probes)?;
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status = Vec::new();

@@ -7,18 +7,18 @@ use pgio_common::{
     SeriesId,
     query::{QueryKey, QueryMetric},
 };
-use tracing::warn;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
     labels::WithLabels,
-    maps::take_map,
     provisional::Provisional,
 };
 
 const HIST_MAP: &str = "QUERY_HIST";
+/// The eBPF global that turns the syscall exits' query bookkeeping on (`query_probes`).
+pub const ENABLED_GLOBAL: &str = "QUERY_PROBES";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueryId {
@@ -57,18 +57,14 @@ pub struct Queries {
 impl Queries {
     pub fn take(ebpf: &mut Ebpf) -> Result<Queries> {
         Ok(Queries {
-            reader: HistReader::new(take_map(ebpf, HIST_MAP)?),
+            reader: HistReader::take(ebpf, HIST_MAP)?,
         })
     }
 }
 
 impl Source for Queries {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        let hists = self.reader.read(routes).unwrap_or_else(|e| {
-            warn!(error = format!("{e:#}"), "reading query map");
-            Hists::new()
-        });
-        Box::new(QuerySnapshot(hists))
+        Box::new(QuerySnapshot(self.reader.read_or_empty(routes)))
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {

@@ -6,14 +6,12 @@ use pgio_common::{
     SeriesId,
     syscall::{Cache, Syscall, SyscallKey},
 };
-use tracing::warn;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
     labels::WithLabels,
-    maps::take_map,
     provisional::Provisional,
 };
 
@@ -73,18 +71,14 @@ pub struct Syscalls {
 impl Syscalls {
     pub fn take(ebpf: &mut Ebpf) -> Result<Syscalls> {
         Ok(Syscalls {
-            reader: HistReader::new(take_map(ebpf, HIST_MAP)?),
+            reader: HistReader::take(ebpf, HIST_MAP)?,
         })
     }
 }
 
 impl Source for Syscalls {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        let hists = self.reader.read(routes).unwrap_or_else(|e| {
-            warn!(error = format!("{e:#}"), "reading syscall map");
-            Hists::new()
-        });
-        Box::new(SyscallSnapshot(hists))
+        Box::new(SyscallSnapshot(self.reader.read_or_empty(routes)))
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{Daemon, delta};
 use pgio_testkit::{
-    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, metrics::Histogram, pg_bin_dir,
-    require_root, temp_dir, wait_until,
+    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, PsqlSession, metrics::Histogram,
+    pg_bin_dir, require_root, temp_dir, wait_until,
 };
 
 const DB: &str = "qdb";
@@ -38,6 +38,22 @@ impl Setup {
 
     fn queries(&self, m: &Metrics) -> f64 {
         m.sum("pgio_query_seconds_count", &self.backend())
+    }
+
+    /// A psql session as USER on DB, once pgio tracks its backend with this cluster,
+    /// database and user.
+    fn session(&self) -> PsqlSession {
+        let session = self.pg.session(DB, USER).expect("psql session");
+        assert!(
+            wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+                self.daemon
+                    .scrape()
+                    .sum("pgio_tracked_processes", &self.backend())
+                    >= 1.0
+            }),
+            "the session's backend is not tracked"
+        );
+        session
     }
 
     /// The backend's histogram `family` between two scrapes.
@@ -82,17 +98,7 @@ fn pg_sleep_queries(major: u32, port: u16) {
         return;
     }
     let mut s = setup(major, port);
-    let mut session = s.pg.session(DB, USER).expect("psql session");
-    // The backend is tracked once it is classified with its database and user.
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
-            s.daemon
-                .scrape()
-                .sum("pgio_tracked_processes", &s.backend()[..2])
-                >= 1.0
-        }),
-        "no client backend tracked"
-    );
+    let mut session = s.session();
     let before = s.daemon.scrape();
     for _ in 0..SLEEPS {
         session.send("SELECT pg_sleep(0.05);").expect("send");
@@ -403,16 +409,7 @@ fn pg15_errors_terminations_and_disconnects() {
         return;
     }
     let mut s = setup(15, 56_515);
-    let mut session = s.pg.session(DB, USER).expect("psql session");
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
-            s.daemon
-                .scrape()
-                .sum("pgio_tracked_processes", &s.backend()[..2])
-                >= 1.0
-        }),
-        "no client backend tracked"
-    );
+    let mut session = s.session();
     let before = s.daemon.scrape();
     for _ in 0..5 {
         session.send("SELECT 1/0;").expect("send");

@@ -16,6 +16,11 @@ use pgio_common::{
 
 use crate::{hist, task_storage::TaskStorage, tracked};
 
+/// `query_probes` from the config, written by userspace at load. The verifier sees the
+/// constant: with it off, `add_io` is pruned from every syscall exit.
+#[unsafe(no_mangle)]
+static QUERY_PROBES: u8 = 0;
+
 /// The running query of each backend thread.
 #[btf_map]
 static QUERY: TaskStorage<QueryState> = TaskStorage::new();
@@ -90,6 +95,10 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
 /// an `io_uring_enter`: counting both would count it twice).
 #[inline(always)]
 pub fn add_io(ns: u64, miss: bool) {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    if unsafe { core::ptr::read_volatile(&QUERY_PROBES) } == 0 {
+        return;
+    }
     let Some(q) = QUERY.current() else {
         return;
     };
