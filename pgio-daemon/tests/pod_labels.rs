@@ -372,12 +372,17 @@ fn a_postgres_cluster_in_a_pod_labels_its_backends() {
             "CREATE TABLE t AS SELECT g FROM generate_series(1, 100000) g; SELECT count(*) FROM t;",
         )
         .expect("query");
-    let activity = pg
-        .psql(
-            "SELECT datname || '/' || usename FROM pg_stat_activity \
-             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
-        )
-        .expect("pg_stat_activity");
+    // psql connects when it starts, not when `session` returns: wait for its backend.
+    let mut activity = String::new();
+    wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        activity = pg
+            .psql(
+                "SELECT datname || '/' || usename FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            )
+            .expect("pg_stat_activity");
+        !activity.trim().is_empty()
+    });
     let (database, user) = activity.trim().split_once('/').expect("datname/usename");
     let mut want = vec![
         ("app", "postgres"),
