@@ -63,9 +63,10 @@ fn native_histograms_agree_with_the_classic_buckets_in_prometheus() {
                 .ok()
                 .and_then(|r| r.first().map(|s| s.value))
         };
-        // Both servers have scraped the finished load, and the counts stopped moving.
+        // Both servers have scraped the finished load, and the counts stopped moving: polls
+        // 1.5 s apart, so each server scraped (every 1 s) between two equal readings.
         let mut counts = (None, None);
-        let settled = wait_until(Duration::from_secs(30), Duration::from_millis(500), || {
+        let settled = wait_until(Duration::from_secs(45), Duration::from_millis(1500), || {
             let now = (
                 value(&classic, &classic_count),
                 value(&native, &native_count),
