@@ -10,7 +10,11 @@ use regex::Regex;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::{classifier::rules::Rule, pods::Pods};
+use crate::{classifier::rules::Rule, pods::Pods, series::Limits};
+
+/// Series ids index the kernel's `CHILD_SERIES` array: the cap leaves room below its size for
+/// the overflow series (one per app).
+const MAX_SERIES_LIMIT: u64 = pgio_common::CHILD_SERIES_MAX as u64 - 1024;
 
 #[derive(Debug)]
 pub struct Config {
@@ -35,10 +39,17 @@ pub struct Config {
     pub pod_log_dir: String,
     /// The kubelet's `/var/log/containers` (`<pod>_<namespace>_<container>-<id>.log`).
     pub container_log_dir: String,
-    /// A series with pod labels whose processes are all gone is exported this long, then
-    /// dropped (its kernel map entries deleted, its id reused): pods churn, series must not
-    /// pile up.
-    pub pod_series_retention_secs: u64,
+    /// A series whose processes are all gone is exported this long, then dropped (its kernel
+    /// map entries deleted, its id reused): connections, pods and hostile titles churn,
+    /// series must not pile up. The old key `pod_series_retention_secs` means the same.
+    pub series_retention_secs: u64,
+    /// Caps on label sets (see `series`): in total, per app, per group (one cluster, volume
+    /// or pod), and the bytes of a label value. Past a cap, new label sets go to their app's
+    /// `role="overflow"` series.
+    pub max_series: u64,
+    pub max_series_per_app: u64,
+    pub max_series_per_group: u64,
+    pub max_label_len: u64,
     /// A block request issued this long ago whose completion pgio has not seen is counted in
     /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
@@ -63,7 +74,12 @@ struct File {
     pod_labels: Option<bool>,
     pod_log_dir: Option<Spanned<String>>,
     container_log_dir: Option<Spanned<String>>,
-    pod_series_retention_secs: Option<Spanned<u64>>,
+    #[serde(alias = "pod_series_retention_secs")]
+    series_retention_secs: Option<Spanned<u64>>,
+    max_series: Option<Spanned<u64>>,
+    max_series_per_app: Option<Spanned<u64>>,
+    max_series_per_group: Option<Spanned<u64>>,
+    max_label_len: Option<Spanned<u64>>,
     block_inflight_timeout_secs: Option<Spanned<u64>>,
     query_probes: Option<bool>,
     #[serde(default)]
@@ -83,6 +99,7 @@ pub struct RuleConfig {
 
 impl Default for Config {
     fn default() -> Self {
+        let limits = Limits::default();
         Config {
             listen: SocketAddr::from(([0, 0, 0, 0], 9435)),
             rescan_interval_secs: 10,
@@ -91,7 +108,11 @@ impl Default for Config {
             pod_labels: true,
             pod_log_dir: "/var/log/pods".to_owned(),
             container_log_dir: "/var/log/containers".to_owned(),
-            pod_series_retention_secs: 300,
+            series_retention_secs: 300,
+            max_series: limits.total as u64,
+            max_series_per_app: limits.per_app as u64,
+            max_series_per_group: limits.per_group as u64,
+            max_label_len: limits.label_len as u64,
             block_inflight_timeout_secs: 180,
             query_probes: false,
             rules: Vec::new(),
@@ -184,7 +205,10 @@ impl Config {
             }
         }
         for (key, secs) in [
-            ("pod_series_retention_secs", &file.pod_series_retention_secs),
+            ("series_retention_secs", &file.series_retention_secs),
+            ("max_series", &file.max_series),
+            ("max_series_per_app", &file.max_series_per_app),
+            ("max_series_per_group", &file.max_series_per_group),
             (
                 "block_inflight_timeout_secs",
                 &file.block_inflight_timeout_secs,
@@ -196,7 +220,26 @@ impl Config {
                 return Err(invalid(s.span().start, format!("{key} must be at least 1")));
             }
         }
+        for (key, value, range) in [
+            ("max_series", &file.max_series, 1..=MAX_SERIES_LIMIT),
+            ("max_label_len", &file.max_label_len, 16..=4096),
+        ] {
+            if let Some(v) = value
+                && !range.contains(v.get_ref())
+            {
+                return Err(invalid(
+                    v.span().start,
+                    format!(
+                        "{key} must be between {} and {}, not {}",
+                        range.start(),
+                        range.end(),
+                        v.get_ref()
+                    ),
+                ));
+            }
+        }
         let default = Config::default();
+        let or = |v: &Option<Spanned<u64>>, d: u64| v.as_ref().map_or(d, |v| *v.get_ref());
         Ok(Config {
             listen: file.listen.unwrap_or(default.listen),
             rescan_interval_secs: file
@@ -213,9 +256,11 @@ impl Config {
             container_log_dir: file
                 .container_log_dir
                 .map_or(default.container_log_dir, Spanned::into_inner),
-            pod_series_retention_secs: file
-                .pod_series_retention_secs
-                .map_or(default.pod_series_retention_secs, Spanned::into_inner),
+            series_retention_secs: or(&file.series_retention_secs, default.series_retention_secs),
+            max_series: or(&file.max_series, default.max_series),
+            max_series_per_app: or(&file.max_series_per_app, default.max_series_per_app),
+            max_series_per_group: or(&file.max_series_per_group, default.max_series_per_group),
+            max_label_len: or(&file.max_label_len, default.max_label_len),
             block_inflight_timeout_secs: file
                 .block_inflight_timeout_secs
                 .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
@@ -235,8 +280,18 @@ impl Config {
             .then(|| Pods::new(&self.pod_log_dir, &self.container_log_dir))
     }
 
-    pub fn pod_series_retention(&self) -> Duration {
-        Duration::from_secs(self.pod_series_retention_secs)
+    pub fn series_retention(&self) -> Duration {
+        Duration::from_secs(self.series_retention_secs)
+    }
+
+    pub fn series_limits(&self) -> Limits {
+        let n = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        Limits {
+            total: n(self.max_series),
+            per_app: n(self.max_series_per_app),
+            per_group: n(self.max_series_per_group),
+            label_len: n(self.max_label_len),
+        }
     }
 
     pub fn block_inflight_timeout(&self) -> Duration {
@@ -368,7 +423,8 @@ mod tests {
         assert!(c.pod_labels);
         assert_eq!(c.pod_log_dir, "/var/log/pods");
         assert_eq!(c.container_log_dir, "/var/log/containers");
-        assert_eq!(c.pod_series_retention(), Duration::from_secs(300));
+        assert_eq!(c.series_retention(), Duration::from_secs(300));
+        assert_eq!(c.series_limits(), Limits::default());
         let c = Config::parse(
             "pod_labels = false\npod_log_dir = \"/host/pods\"\npod_series_retention_secs = 5\n",
             "c.toml",
@@ -376,7 +432,7 @@ mod tests {
         .expect("valid");
         assert!(!c.pod_labels && c.pods().is_none());
         assert_eq!(c.pod_log_dir, "/host/pods");
-        assert_eq!(c.pod_series_retention_secs, 5);
+        assert_eq!(c.series_retention_secs, 5, "the old key still works");
         for (text, want) in [
             (
                 "\n\ncontainer_log_dir = \"logs\"\n",
@@ -384,9 +440,21 @@ mod tests {
             ),
             (
                 "pod_series_retention_secs = 0\n",
-                "c.toml:1: pod_series_retention_secs must be at least 1",
+                "c.toml:1: series_retention_secs must be at least 1",
             ),
             ("\npod_labels = \"yes\"\n", "c.toml:2: "),
+            (
+                "max_series = 70000\n",
+                "c.toml:1: max_series must be between 1 and 64512, not 70000",
+            ),
+            (
+                "\nmax_label_len = 3\n",
+                "c.toml:2: max_label_len must be between 16 and 4096, not 3",
+            ),
+            (
+                "max_series_per_group = 0\n",
+                "c.toml:1: max_series_per_group must be at least 1",
+            ),
         ] {
             let msg = Config::parse(text, "c.toml").expect_err(text).to_string();
             assert!(msg.starts_with(want), "{text:?}: {msg}");

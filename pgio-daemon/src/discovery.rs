@@ -35,8 +35,8 @@ pub struct Discovery {
     postgres_probes: Option<PostgresProbes>,
     schedule: Schedule,
     self_pid: u32,
-    /// How long a pod's series outlives its last process (see `series`).
-    pod_series_retention: Duration,
+    /// How long a series outlives its last process (see `series`).
+    series_retention: Duration,
 }
 
 impl Discovery {
@@ -45,7 +45,7 @@ impl Discovery {
         shared: SharedTracked,
         kernel: KernelSeries,
         postgres_probes: Option<PostgresProbes>,
-        pod_series_retention: Duration,
+        series_retention: Duration,
     ) -> Discovery {
         {
             let mut t = lock(&shared);
@@ -58,7 +58,7 @@ impl Discovery {
             postgres_probes,
             schedule: Schedule::default(),
             self_pid: std::process::id(),
-            pod_series_retention,
+            series_retention,
         }
     }
 
@@ -89,9 +89,11 @@ impl Discovery {
             .collect();
         let now = std::time::Instant::now();
         shared.provisional.expire(now);
-        for id in shared.retire_idle(now, self.pod_series_retention) {
+        for id in shared.retire_idle(now, self.series_retention, Classifier::child_labels) {
             // A reused id must not make anyone's children provisional.
-            self.kernel.set_children(id, SeriesId::UNTRACKED);
+            if self.kernel.set_children(id, SeriesId::UNTRACKED).is_err() {
+                shared.kernel_map_errors += 1;
+            }
         }
         Ok(gone)
     }
@@ -195,7 +197,10 @@ impl Discovery {
                 shared.registry.intern(labels.clone()),
                 shared.registry.intern(child),
             );
-            self.kernel.set_children(parent, child);
+            if let Err(e) = self.kernel.set_children(parent, child) {
+                shared.kernel_map_errors += 1;
+                warn!(series = parent.0, error = %e, "cannot set a postmaster's child series");
+            }
         }
         if Classifier::announces_titles(&labels)
             && let Some(t) = self.postgres_probes.as_mut()
@@ -217,7 +222,10 @@ impl Discovery {
                 shared.pids.insert(pid, id);
                 shared.provisional.resolved(pid, id);
             }
-            Err(e) => warn!(pid, error = %e, "cannot track process (pid above pid_max?)"),
+            Err(e) => {
+                shared.kernel_map_errors += 1;
+                warn!(pid, error = %e, "cannot track process (pid above pid_max?)");
+            }
         }
     }
 

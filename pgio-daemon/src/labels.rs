@@ -40,6 +40,33 @@ impl Labels {
         self
     }
 
+    /// Cuts every value at `max` bytes (on a character boundary). Returns whether any was
+    /// longer: argv, titles and pod names are anyone's to choose.
+    pub fn truncate_values(&mut self, max: usize) -> bool {
+        let mut cut = false;
+        for v in [
+            &mut self.app,
+            &mut self.role,
+            &mut self.database,
+            &mut self.user,
+            &mut self.cluster,
+            &mut self.volume,
+            &mut self.namespace,
+            &mut self.pod,
+            &mut self.container,
+        ] {
+            if v.len() > max {
+                let end = (0..=max)
+                    .rev()
+                    .find(|&i| v.is_char_boundary(i))
+                    .unwrap_or(0);
+                v.truncate(end);
+                cut = true;
+            }
+        }
+        cut
+    }
+
     /// The pod these labels carry (children of a process run in its pod).
     pub fn pod_labels(&self) -> Option<PodLabels> {
         (!self.pod.is_empty()).then(|| PodLabels {
@@ -137,6 +164,20 @@ mod tests {
 
     fn names(it: impl Iterator<Item = (&'static str, impl AsRef<str>)>) -> Vec<&'static str> {
         it.map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn long_values_are_cut_on_a_character_boundary() {
+        let mut l = Labels {
+            database: "é".repeat(100),
+            volume: "v".repeat(300),
+            ..Labels::app_role("longhorn", "replica")
+        };
+        assert!(l.truncate_values(128));
+        assert_eq!(l.database, "é".repeat(64));
+        assert_eq!(l.volume.len(), 128);
+        assert_eq!(l.role, "replica");
+        assert!(!l.truncate_values(128), "already short enough");
     }
 
     #[test]

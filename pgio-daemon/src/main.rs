@@ -20,7 +20,7 @@ use pgio_daemon::{
     discovery::Discovery,
     http, lifecycle, probes, query,
     self_metrics::{self, SelfMetrics},
-    series::{KernelSeries, SharedTracked},
+    series::{KernelSeries, SharedTracked, Tracked},
     syscall, tracefs,
     tracked_processes::TrackedProcesses,
 };
@@ -223,7 +223,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     let probes::Probes { mut ebpf, status } = probes::load_and_attach(config.query_probes)?;
     let kernel_series = KernelSeries::take(&mut ebpf)?;
     let ring = lifecycle::take_ring(&mut ebpf)?;
-    let shared: SharedTracked = Arc::default();
+    let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(config.series_limits())));
     // One registration per source; families are encoded in this order (device info last:
     // it lists the devices the others saw).
     let mut collector = Collector::new(shared.clone(), Devices::new(config.longhorn_device_dir()));
@@ -263,7 +263,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
             ebpf.clone(),
             config.query_probes,
         )),
-        config.pod_series_retention(),
+        config.series_retention(),
     );
     // Nothing was tracked before: no process can be missing.
     let _gone = discovery.scan_all()?;

@@ -109,12 +109,27 @@ static EXITS_MISSED: Family = Family {
 };
 static SERIES: Family = Family {
     name: "pgio_series",
-    help: "Label sets (series ids) pgio holds now, kernel and userspace: bounded by the live processes' label sets plus pod series within pod_series_retention_secs.",
+    help: "Label sets (series ids) pgio holds now, kernel and userspace: the live processes' label sets plus those within series_retention_secs of their last process, at most max_series (plus one overflow series per app).",
     kind: Kind::Gauge,
 };
 static SERIES_RETIRED: Family = Family {
     name: "pgio_series_retired",
-    help: "Series of deleted pods dropped from the exposition (pod_series_retention_secs after their last process exited); their ids are reused.",
+    help: "Series dropped from the exposition series_retention_secs after their last process exited; their ids are reused.",
+    kind: Kind::Counter,
+};
+static SERIES_REFUSED: Family = Family {
+    name: "pgio_series_refused",
+    help: "New label sets booked under their app's role=\"overflow\" series because max_series, max_series_per_app or max_series_per_group was reached (counted per classification).",
+    kind: Kind::Counter,
+};
+static LABELS_TRUNCATED: Family = Family {
+    name: "pgio_label_values_truncated",
+    help: "Label sets with a value cut at max_label_len bytes.",
+    kind: Kind::Counter,
+};
+static KERNEL_MAP_ERRORS: Family = Family {
+    name: "pgio_kernel_map_errors",
+    help: "Failed writes of a process' or a postmaster's children's series into the kernel's maps (that process is booked as untracked). Should stay 0.",
     kind: Kind::Counter,
 };
 static PROGRAM_RUN_SECONDS: Family = Family {
@@ -154,6 +169,14 @@ impl Snapshot for SelfSnapshot {
         enc.family(&SERIES).gauge((), registry.len() as i64);
         enc.family(&SERIES_RETIRED)
             .counter((), registry.retired_total);
+        let mut f = enc.family(&SERIES_REFUSED);
+        for (app, n) in &registry.refused {
+            f.counter([("app", app.as_str())], *n);
+        }
+        enc.family(&LABELS_TRUNCATED)
+            .counter((), registry.truncated_total);
+        enc.family(&KERNEL_MAP_ERRORS)
+            .counter((), scrape.tracked.kernel_map_errors);
         fn program(name: &str) -> [(&str, &str); 1] {
             [("program", name)]
         }

@@ -1,12 +1,18 @@
 //! Series registry: each distinct label set gets a small integer id, written into the kernel's
 //! `tgid → series` map. A series outlives its processes, so histograms keyed by series stay
-//! monotonic when processes exit; only a pod's series is retired, `retention` after its last
-//! process left (pods churn; a label set with a pod name would otherwise be kept for good):
-//! discovery retires it, the next map read deletes its kernel keys (`Route::Retired`), then
-//! its id is freed for reuse. `Tracked` is what discovery keeps current and every scrape
+//! monotonic when processes exit; a series no process has used for `retention` is retired
+//! (connections, pods and hostile titles churn; their label sets would otherwise be kept for
+//! good): discovery retires it, the next map read deletes its kernel keys (`Route::Retired`),
+//! then its id is freed for reuse. `Tracked` is what discovery keeps current and every scrape
 //! reads.
+//!
+//! Label sets are bounded: every value is cut at `Limits::label_len` bytes, and past a cap
+//! (in total, per app, per group: one cluster, volume or pod) a new label set is booked under
+//! its app's `role="overflow"` series instead, counted in `pgio_series_refused_total`. A group
+//! is what one postmaster (or one pod) can create, so a hostile cluster fills its own group,
+//! not a legitimate cluster's.
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -20,6 +26,44 @@ use pgio_common::SeriesId;
 
 use crate::{labels::Labels, maps::take_map, provisional::Provisional};
 
+/// Caps on label sets (config `max_series`, `max_series_per_app`, `max_series_per_group`,
+/// `max_label_len`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub total: usize,
+    pub per_app: usize,
+    pub per_group: usize,
+    /// Bytes per label value.
+    pub label_len: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            total: 4096,
+            per_app: 2048,
+            per_group: 256,
+            label_len: 128,
+        }
+    }
+}
+
+/// The role of an app's overflow series.
+pub const OVERFLOW: &str = "overflow";
+
+/// Who may create label sets from one budget: one cluster (Postgres), volume (Longhorn) or pod.
+type Group = (String, String, String, String, String);
+
+fn group_of(l: &Labels) -> Group {
+    (
+        l.app.clone(),
+        l.cluster.clone(),
+        l.volume.clone(),
+        l.namespace.clone(),
+        l.pod.clone(),
+    )
+}
+
 #[derive(Debug)]
 pub struct SeriesRegistry {
     ids: HashMap<Labels, SeriesId>,
@@ -30,6 +74,14 @@ pub struct SeriesRegistry {
     idle_since: HashMap<SeriesId, Instant>,
     /// Series retired so far (`pgio_series_retired_total`).
     pub retired_total: u64,
+    limits: Limits,
+    /// Interned (not retired) label sets per app and per group, against the caps.
+    per_app: HashMap<String, usize>,
+    per_group: HashMap<Group, usize>,
+    /// New label sets booked under an overflow series, per app (`pgio_series_refused_total`).
+    pub refused: BTreeMap<String, u64>,
+    /// Label values cut at `label_len` (`pgio_label_values_truncated_total`).
+    pub truncated_total: u64,
 }
 
 impl Default for SeriesRegistry {
@@ -40,6 +92,10 @@ impl Default for SeriesRegistry {
 
 impl SeriesRegistry {
     pub fn new() -> SeriesRegistry {
+        SeriesRegistry::with_limits(Limits::default())
+    }
+
+    pub fn with_limits(limits: Limits) -> SeriesRegistry {
         let untracked = Labels::app_role("other", "");
         let mut ids = HashMap::new();
         ids.insert(untracked.clone(), SeriesId::UNTRACKED);
@@ -49,13 +105,46 @@ impl SeriesRegistry {
             free: Vec::new(),
             idle_since: HashMap::new(),
             retired_total: 0,
+            limits,
+            per_app: HashMap::new(),
+            per_group: HashMap::new(),
+            refused: BTreeMap::new(),
+            truncated_total: 0,
         }
     }
 
-    pub fn intern(&mut self, labels: Labels) -> SeriesId {
+    /// The id of `labels` (values cut at the length cap), a new one if they have none, or
+    /// their app's overflow series past a cap.
+    pub fn intern(&mut self, mut labels: Labels) -> SeriesId {
+        if labels.truncate_values(self.limits.label_len) {
+            self.truncated_total += 1;
+        }
         if let Some(id) = self.ids.get(&labels) {
             return *id;
         }
+        if labels.role == OVERFLOW {
+            // One per app, and apps come from the config: never capped.
+            return self.allocate(labels);
+        }
+        let group = group_of(&labels);
+        let full = self.len() >= self.limits.total
+            || self.per_app.get(&labels.app).copied().unwrap_or(0) >= self.limits.per_app
+            || self.per_group.get(&group).copied().unwrap_or(0) >= self.limits.per_group;
+        if full {
+            *self.refused.entry(labels.app.clone()).or_default() += 1;
+            return self.intern(Labels::app_role(&labels.app, OVERFLOW));
+        }
+        *self.per_app.entry(labels.app.clone()).or_default() += 1;
+        *self.per_group.entry(group).or_default() += 1;
+        self.allocate(labels)
+    }
+
+    /// The id `labels` have now, if any.
+    pub fn id_of(&self, labels: &Labels) -> Option<SeriesId> {
+        self.ids.get(labels).copied()
+    }
+
+    fn allocate(&mut self, labels: Labels) -> SeriesId {
         let id = match self.free.pop() {
             Some(id) => {
                 self.labels[id.0 as usize] = Some(labels.clone());
@@ -91,9 +180,10 @@ impl SeriesRegistry {
         self.len() == 0
     }
 
-    /// Pod series that no process in `in_use` has used for `retention`: taken out of the
-    /// registry (a new process with the same labels gets another id) and returned, to have
-    /// their kernel keys deleted and then be freed (`free`).
+    /// Series that no process in `in_use` has used for `retention` (all but the untracked
+    /// and the overflow series): taken out of the registry (a new process with the same labels
+    /// gets another id) and returned, to have their kernel keys deleted and then be freed
+    /// (`free`).
     pub fn retire_idle(
         &mut self,
         in_use: &BTreeSet<SeriesId>,
@@ -103,7 +193,10 @@ impl SeriesRegistry {
         let mut retired = Vec::new();
         for (i, labels) in self.labels.iter().enumerate() {
             let id = SeriesId(i as u32);
-            let Some(labels) = labels.as_ref().filter(|l| !l.pod.is_empty()) else {
+            let Some(labels) = labels
+                .as_ref()
+                .filter(|l| id != SeriesId::UNTRACKED && l.role != OVERFLOW)
+            else {
                 continue;
             };
             if in_use.contains(&id) || !self.ids.contains_key(labels) {
@@ -119,6 +212,8 @@ impl SeriesRegistry {
             self.idle_since.remove(id);
             if let Some(labels) = self.labels(*id).cloned() {
                 self.ids.remove(&labels);
+                release(&mut self.per_app, &labels.app);
+                release(&mut self.per_group, &group_of(&labels));
             }
         }
         self.retired_total += retired.len() as u64;
@@ -138,6 +233,16 @@ impl SeriesRegistry {
     }
 }
 
+/// One label set less against a cap; empty counts are dropped (groups come and go).
+fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
 static UNTRACKED_LABELS: std::sync::LazyLock<Labels> =
     std::sync::LazyLock::new(|| Labels::app_role("other", ""));
 
@@ -152,6 +257,9 @@ pub struct Tracked {
     /// Tracked processes a rescan found gone with no exit event handled: lost events, or a
     /// process tracked again after its exit. Stays 0 when discovery is right.
     pub exits_missed: u64,
+    /// Writes to the kernel's `TRACKED` or `CHILD_SERIES` that failed: a process booked under
+    /// the wrong series. Stays 0 (ids stay below the caps, pids below pid_max).
+    pub kernel_map_errors: u64,
 }
 
 impl Tracked {
@@ -164,17 +272,39 @@ impl Tracked {
         self.provisional.retired.retain(|id| !retired.contains(id));
     }
 
-    /// Retires the pod series no process has used for `retention` (see the module doc).
-    pub fn retire_idle(&mut self, now: Instant, retention: Duration) -> Vec<SeriesId> {
-        let in_use: BTreeSet<SeriesId> = self
+    /// Retires the series no process has used for `retention` (see the module doc). Still
+    /// in use, besides the processes' own series: the provisional ones, and each series'
+    /// children's (`child_of`: a postmaster's `starting` series, which the kernel books its
+    /// new children under).
+    pub fn retire_idle(
+        &mut self,
+        now: Instant,
+        retention: Duration,
+        child_of: impl Fn(&Labels) -> Option<Labels>,
+    ) -> Vec<SeriesId> {
+        let mut in_use: BTreeSet<SeriesId> = self
             .pids
             .values()
             .copied()
             .chain(self.provisional.in_use())
+            .chain([self.provisional.orphan])
             .collect();
+        let children: Vec<SeriesId> = in_use
+            .iter()
+            .filter_map(|id| child_of(self.registry.labels(*id)?))
+            .filter_map(|l| self.registry.id_of(&l))
+            .collect();
+        in_use.extend(children);
         let retired = self.registry.retire_idle(&in_use, now, retention);
         self.provisional.retired.extend(retired.iter().copied());
         retired
+    }
+
+    pub fn with_limits(limits: Limits) -> Tracked {
+        Tracked {
+            registry: SeriesRegistry::with_limits(limits),
+            ..Tracked::default()
+        }
     }
 }
 
@@ -210,9 +340,9 @@ impl KernelSeries {
     }
 
     /// Children of `parent` start in their own provisional series (`child` is their labels'
-    /// series, nonzero). Ids past the array's end just keep inheriting the parent's series.
-    pub fn set_children(&mut self, parent: SeriesId, child: SeriesId) {
-        let _ = self.child.set(parent.0, child, 0);
+    /// series, nonzero). Cannot fail for an id below the series cap (checked by the config).
+    pub fn set_children(&mut self, parent: SeriesId, child: SeriesId) -> Result<(), MapError> {
+        self.child.set(parent.0, child, 0)
     }
 }
 
@@ -247,21 +377,25 @@ mod tests {
     }
 
     #[test]
-    fn idle_pod_series_retire_after_retention_and_their_ids_are_reused() {
+    fn idle_series_retire_after_retention_and_their_ids_are_reused() {
         let mut r = SeriesRegistry::new();
         let host = r.intern(Labels::app_role("postgres", "checkpointer"));
         let a = r.intern(in_pod("checkpointer", "pg-0"));
         let b = r.intern(in_pod("walwriter", "pg-0"));
+        let overflow = r.intern(Labels::app_role("postgres", OVERFLOW));
         let t0 = Instant::now();
         let keep = Duration::from_secs(300);
         let used = |ids: &[SeriesId]| ids.iter().copied().collect::<BTreeSet<_>>();
         assert!(
-            r.retire_idle(&used(&[b]), t0, keep).is_empty(),
+            r.retire_idle(&used(&[b, host]), t0, keep).is_empty(),
             "a: idle from t0"
         );
-        assert!(r.retire_idle(&used(&[b]), t0 + keep / 2, keep).is_empty());
+        assert!(
+            r.retire_idle(&used(&[b, host]), t0 + keep / 2, keep)
+                .is_empty()
+        );
         // b was used at t0: its idle time starts now.
-        assert_eq!(r.retire_idle(&used(&[]), t0 + keep, keep), vec![a]);
+        assert_eq!(r.retire_idle(&used(&[host]), t0 + keep, keep), vec![a]);
         assert_eq!(r.retired_total, 1);
         // Retired: still readable (a scrape may be encoding it), no longer interned.
         assert!(r.labels(a).is_some());
@@ -272,16 +406,81 @@ mod tests {
         assert_eq!(r.exported(a).app, "other");
         let c = r.intern(in_pod("checkpointer", "pg-1"));
         assert_eq!(c, a, "freed ids are reused");
-        assert_eq!(r.len(), 5);
-        // b has been idle since t0 + keep; a2 and c only from now on. Host series never go.
+        assert_eq!(r.len(), 6);
+        // b has been idle since t0 + keep; a2 and c only from now on; host from here on.
         assert_eq!(r.retire_idle(&used(&[]), t0 + 3 * keep, keep), vec![b]);
-        assert_eq!(r.retire_idle(&used(&[]), t0 + 9 * keep, keep), vec![c, a2]);
-        assert!(r.labels(host).is_some());
+        assert_eq!(
+            r.retire_idle(&used(&[]), t0 + 9 * keep, keep),
+            vec![host, c, a2]
+        );
+        assert!(r.labels(overflow).is_some(), "overflow series never go");
         r.free([SeriesId::UNTRACKED, b, b]);
         assert_eq!(
             r.labels(SeriesId::UNTRACKED).map(|l| l.app.as_str()),
             Some("other")
         );
-        assert_eq!(r.len(), 4);
+        assert_eq!(r.len(), 5);
+    }
+
+    fn backend(cluster: &str, database: &str) -> Labels {
+        Labels {
+            cluster: cluster.into(),
+            database: database.into(),
+            user: "u".into(),
+            ..Labels::app_role("postgres", "client backend")
+        }
+    }
+
+    #[test]
+    fn past_a_cap_new_label_sets_go_to_their_apps_overflow_series() {
+        let mut r = SeriesRegistry::with_limits(Limits {
+            total: 9,
+            per_app: 6,
+            per_group: 3,
+            label_len: 16,
+        });
+        // A hostile cluster fills its group; the real cluster keeps its own.
+        let fake: Vec<SeriesId> = (0..5)
+            .map(|i| r.intern(backend("/tmp/x", &format!("d{i}"))))
+            .collect();
+        let overflow = r.id_of(&Labels::app_role("postgres", OVERFLOW));
+        assert_eq!(fake[3..], [overflow.expect("interned"); 2]);
+        assert_eq!(r.refused.get("postgres"), Some(&2));
+        let real = r.intern(backend("main", "shop"));
+        assert!(!fake.contains(&real));
+        assert_eq!(r.labels(real).map(|l| l.database.as_str()), Some("shop"));
+        // Long values are cut before the lookup.
+        let long = r.intern(backend("main", "shop-and-a-very-long-name"));
+        assert_eq!(
+            r.labels(long).map(|l| l.database.as_str()),
+            Some("shop-and-a-very-")
+        );
+        assert_eq!(
+            r.intern(backend("main", "shop-and-a-very-other-name")),
+            long
+        );
+        assert_eq!(r.truncated_total, 2);
+        // Per app: 3 + 3 = 6 postgres label sets.
+        assert_ne!(r.intern(backend("main", "crm")), overflow.expect("some"));
+        assert_eq!(r.intern(backend("other", "x")), overflow.expect("some"));
+        assert_eq!(r.refused.get("postgres"), Some(&3));
+        // Total: untracked + 6 postgres + overflow = 8; one more fits, then the cap.
+        let k = r.intern(Labels::app_role("kernel", "kworker"));
+        assert_eq!(r.labels(k).map(|l| l.role.as_str()), Some("kworker"));
+        let k2 = r.intern(Labels::app_role("kernel", "ksoftirqd"));
+        assert_eq!(r.labels(k2).map(|l| l.role.as_str()), Some(OVERFLOW));
+        assert_eq!(r.refused.get("kernel"), Some(&1));
+        // Known label sets keep their id at the cap.
+        assert_eq!(r.intern(backend("main", "shop")), real);
+        // A retired series frees its room in its app and group.
+        let used: BTreeSet<SeriesId> = [real].into();
+        let t0 = Instant::now();
+        let keep = Duration::from_secs(1);
+        r.retire_idle(&used, t0, keep);
+        let retired = r.retire_idle(&used, t0 + keep, keep);
+        assert!(retired.contains(&fake[0]) && !retired.contains(&real));
+        r.free(retired);
+        let again = r.intern(backend("/tmp/x", "d9"));
+        assert_eq!(r.labels(again).map(|l| l.database.as_str()), Some("d9"));
     }
 }

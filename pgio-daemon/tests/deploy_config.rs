@@ -20,10 +20,7 @@ fn deploy_config_is_accepted_and_holds_the_defaults() {
     assert_eq!(shipped.pod_labels, d.pod_labels);
     assert_eq!(shipped.pod_log_dir, d.pod_log_dir);
     assert_eq!(shipped.container_log_dir, d.container_log_dir);
-    assert_eq!(
-        shipped.pod_series_retention_secs,
-        d.pod_series_retention_secs
-    );
+    assert_eq!(shipped.series_retention_secs, d.series_retention_secs);
     assert_eq!(
         shipped.block_inflight_timeout_secs,
         d.block_inflight_timeout_secs
