@@ -316,7 +316,11 @@ impl Discovery {
                 .cloned();
             (shared.provisional.is_open(pid), fallback)
         };
-        let info = Classifier::with_title(read_process(pid).unwrap_or_default(), pid, title);
+        // Forked by a tracked postmaster (its provisional labels are its cluster's `starting`
+        // ones), not a process that exec'd a binary called postgres.
+        let vouched = fallback.as_ref().is_some_and(Classifier::is_starting);
+        let info =
+            Classifier::with_title(read_process(pid).unwrap_or_default(), pid, title, vouched);
         if let Some(dir) = self.classifier.learn(&info) {
             self.relabel_cluster(&dir);
         }
@@ -324,8 +328,9 @@ impl Discovery {
             return;
         };
         if let Some(f) = fallback {
-            // Gone before /proc could tell: its cluster and pod are its parent's.
-            if labels.cluster.is_empty() {
+            // Its parent's cluster, whatever its title claims, once the parent's is known; and
+            // its pod if it was gone before /proc could tell.
+            if !f.cluster.is_empty() {
                 labels.cluster = f.cluster.clone();
             }
             if labels.pod.is_empty() {

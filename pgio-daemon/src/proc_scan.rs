@@ -4,7 +4,7 @@ use anyhow::{Context as _, Result};
 use procfs::process::{Process, StatFlags};
 
 use crate::{
-    classifier::{Classifier, ProcessInfo},
+    classifier::{Classifier, Owner, ProcessInfo},
     labels::Labels,
 };
 
@@ -24,6 +24,9 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
         exe,
         cwd: None,
         parent_comm: None,
+        owner: None,
+        parent: None,
+        vouched: false,
         // Read by the classifier, for tracked processes only.
         pod: None,
         kthread: flags.contains(StatFlags::PF_KTHREAD),
@@ -32,19 +35,49 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
         exiting: flags.contains(StatFlags::PF_EXITING),
     };
     if Classifier::needs_cwd_and_parent(&info) {
-        // Only once it is the data directory: a postmaster changes into it after exec.
-        let in_data_dir = std::path::Path::new(&format!("/proc/{pid}/cwd/PG_VERSION")).exists();
-        info.cwd = p
-            .cwd()
-            .ok()
-            .filter(|_| in_data_dir)
-            .map(|c| c.to_string_lossy().into_owned());
-        info.parent_comm = Process::new(stat.ppid)
-            .and_then(|parent| parent.stat())
-            .ok()
-            .map(|s| s.comm);
+        let (owner, cwd) = owner_of(&p, &info.cmdline);
+        info.cwd = cwd;
+        info.owner = owner;
+        if let Ok(parent) = Process::new(stat.ppid)
+            && let Ok(pstat) = parent.stat()
+        {
+            if pstat.comm == "postgres" {
+                let cmdline = parent.cmdline().ok().unwrap_or_default().join(" ");
+                info.parent = owner_of(&parent, &cmdline).0;
+            }
+            info.parent_comm = Some(pstat.comm);
+        }
     }
     Some(info)
+}
+
+/// Who runs `p` from which binary in which data directory (`None` as long as its working
+/// directory is not one: a postmaster changes into it after exec).
+fn owner_of(p: &Process, cmdline: &str) -> (Option<Owner>, Option<String>) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(uid) = p.uid() else {
+        return (None, None);
+    };
+    let dir = format!("/proc/{}/cwd", p.pid);
+    let in_data_dir = std::path::Path::new(&dir).join("PG_VERSION").exists();
+    let cwd = p
+        .cwd()
+        .ok()
+        .filter(|_| in_data_dir)
+        .map(|c| c.to_string_lossy().into_owned());
+    let owner = Owner {
+        uid,
+        binary: std::fs::metadata(format!("/proc/{}/exe", p.pid))
+            .ok()
+            .map(|m| (m.dev(), m.ino())),
+        cwd_owner: cwd
+            .as_ref()
+            .and_then(|_| std::fs::metadata(&dir).ok())
+            .map(|m| m.uid()),
+        cwd: cwd.clone(),
+        untitled: !cmdline.starts_with("postgres: "),
+    };
+    (Some(owner), cwd)
 }
 
 /// Reads and classifies every process in /proc (the start-up scan, and the periodic rescan).
@@ -67,6 +100,12 @@ pub fn classify_pids(classifier: &Classifier, pids: &[u32]) -> Vec<(u32, Option<
     for info in infos.iter().filter_map(|(_, i)| i.as_ref()) {
         classifier.learn(info);
     }
+    classifier.retain_clusters(
+        &infos
+            .iter()
+            .filter_map(|(_, i)| i.as_ref()?.cwd.clone())
+            .collect(),
+    );
     infos
         .into_iter()
         .map(|(pid, info)| (pid, info.and_then(|i| classifier.classify(&i))))

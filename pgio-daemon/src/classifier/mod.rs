@@ -28,6 +28,14 @@ pub struct ProcessInfo {
     /// `comm` of the parent; read for Postgres only (a postmaster's freshly forked child
     /// still has the postmaster's command line).
     pub parent_comm: Option<String>,
+    /// Who runs it and from which file: read for Postgres only, to tell a cluster's own
+    /// processes from anyone's process that calls itself `postgres` (see `postgres::trusted`).
+    pub owner: Option<Owner>,
+    /// The same of its parent, when the parent is a `postgres` too.
+    pub parent: Option<Owner>,
+    /// The kernel saw it forked by a tracked postmaster (its title came from the uretprobe):
+    /// its parentage needs no /proc check.
+    pub vouched: bool,
     /// Target of `/proc/<pid>/exe`, when readable.
     pub exe: Option<String>,
     /// The Kubernetes pod its cgroup names; `None`: read `/proc/<pid>/cgroup` when needed.
@@ -37,6 +45,20 @@ pub struct ProcessInfo {
     /// PF_EXITING set: its exit may already have been reported, so it must not be tracked
     /// again; its title can still tell where its held-back events belong.
     pub exiting: bool,
+}
+
+/// A process' uid, binary and working directory, as far as /proc shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// Effective uid (the owner of `/proc/<pid>`).
+    pub uid: u32,
+    /// (st_dev, st_ino) of `/proc/<pid>/exe`'s target.
+    pub binary: Option<(u64, u64)>,
+    /// The working directory's path and owner uid, when it is a data directory.
+    pub cwd: Option<String>,
+    pub cwd_owner: Option<u32>,
+    /// Its command line is not a `postgres: ` title (a postmaster's).
+    pub untitled: bool,
 }
 
 pub struct Classifier {
@@ -90,6 +112,11 @@ impl Classifier {
         Labels::app_role("postgres", postgres::STARTING)
     }
 
+    /// A postmaster's child that has not shown its title yet.
+    pub fn is_starting(labels: &Labels) -> bool {
+        labels.app == "postgres" && labels.role == postgres::STARTING
+    }
+
     /// Labels that only say "not classified yet": a child that has not set its title, a
     /// postmaster that has not changed into its data directory.
     pub fn is_provisional(labels: &Labels) -> bool {
@@ -123,13 +150,14 @@ impl Classifier {
 
     /// `p` as its title says, when the title came from the kernel (the uretprobe) rather than
     /// from /proc: possibly after the process exited, so `p` may hold nothing else.
-    pub fn with_title(mut p: ProcessInfo, pid: u32, title: String) -> ProcessInfo {
+    pub fn with_title(mut p: ProcessInfo, pid: u32, title: String, vouched: bool) -> ProcessInfo {
         // Only postgres binaries carry the uretprobe, and only a postmaster's children send.
         p.pid = pid;
         p.comm = "postgres".into();
         p.argv = vec![title.clone()];
         p.cmdline = title;
         p.parent_comm = Some("postgres".into());
+        p.vouched = vouched;
         p
     }
 
@@ -139,5 +167,10 @@ impl Classifier {
     /// need classifying again.
     pub fn learn(&self, p: &ProcessInfo) -> Option<String> {
         self.postgres.learn(p)
+    }
+
+    /// Forgets what was learned of data directories no process in `live` runs in.
+    pub fn retain_clusters(&self, live: &std::collections::HashSet<String>) {
+        self.postgres.retain(live);
     }
 }

@@ -1,11 +1,18 @@
 //! PostgreSQL processes by title. Every process has comm `postgres`; the backend type is in
 //! the title Postgres writes over argv: `postgres: [cluster_name: ]<title>`. The postmaster
 //! keeps its real command line.
+//!
+//! Anyone can run a process called `postgres` with any title, so a title only counts for the
+//! cluster the process plausibly belongs to (`trusted`): Postgres runs only as the owner of
+//! its data directory, and every process of a cluster is its postmaster or a child the
+//! postmaster forked from the same binary in the same directory. Anything else is not
+//! tracked (`app="other"`), and a cluster name is only taken from a cluster's own processes,
+//! by the first data directory that shows it.
 use std::{collections::HashMap, sync::Mutex};
 
 use tracing::debug;
 
-use super::{ProcessInfo, pg_catalog};
+use super::{Owner, ProcessInfo, pg_catalog};
 use crate::labels::Labels;
 
 /// Auxiliary titles, longest prefix first where one is the prefix of another, with the
@@ -42,12 +49,54 @@ pub fn is_postgres(p: &ProcessInfo) -> bool {
             .is_some_and(|b| b == "postgres")
 }
 
+/// Whether `p` is its data directory's postmaster (`Postmaster`), a child of it (`Child`), or
+/// cannot be told apart from anyone's process with a made-up title (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trust {
+    Postmaster,
+    Child,
+}
+
+fn runs_its_data_dir(o: &Owner) -> bool {
+    o.cwd.is_some() && o.cwd_owner == Some(o.uid)
+}
+
+fn trusted(p: &ProcessInfo) -> Option<Trust> {
+    if p.vouched {
+        return Some(Trust::Child);
+    }
+    let own = p.owner.as_ref().filter(|o| runs_its_data_dir(o))?;
+    if own.untitled && p.parent_comm.as_deref() != Some("postgres") {
+        return Some(Trust::Postmaster);
+    }
+    let parent = p.parent.as_ref()?;
+    (parent.untitled
+        && parent.uid == own.uid
+        && parent.cwd == own.cwd
+        && own.binary.is_some()
+        && parent.binary == own.binary)
+        .then_some(Trust::Child)
+}
+
+/// A data directory's `cluster_name` as its auxiliary processes show it, and when pgio first
+/// saw the directory.
+#[derive(Clone, Debug)]
+struct Learned {
+    name: Option<String>,
+    seen: u64,
+}
+
+/// At most this many data directories are remembered (each rescan forgets those without a
+/// process): beyond, a cluster is labelled by its data directory.
+const MAX_CLUSTERS: usize = 1024;
+
 /// What pgio knows per cluster, keyed by data directory (every Postgres process runs in it).
 #[derive(Default, Debug)]
 pub struct Clusters {
     /// Data directory → its `cluster_name` (`None`: the cluster has none), learned from the
     /// titles of auxiliary processes, which are unambiguous.
-    names: Mutex<HashMap<String, Option<String>>>,
+    names: Mutex<HashMap<String, Learned>>,
+    next_seen: Mutex<u64>,
 }
 
 impl Clusters {
@@ -57,11 +106,17 @@ impl Clusters {
         if !is_postgres(p) || p.cmdline.is_empty() {
             return None;
         }
+        let titled = p.cmdline.starts_with("postgres: ");
+        let trust = trusted(p);
+        if p.cwd.is_some() || titled || p.parent_comm.as_deref() == Some("postgres") {
+            // Only a postmaster that has not changed into its data directory yet needs none.
+            trust?;
+        }
         let known = p.cwd.as_ref().and_then(|d| self.known(d));
         let mut labels = Labels::app_role("postgres", "");
         let Some(title) = p.cmdline.strip_prefix("postgres: ") else {
             // A forked child keeps the postmaster's command line until it sets its title.
-            labels.role = if p.parent_comm.as_deref() == Some("postgres") {
+            labels.role = if trust == Some(Trust::Child) {
                 STARTING
             } else {
                 "postmaster"
@@ -71,7 +126,7 @@ impl Clusters {
             // auxiliary child has shown its title. Until then the label is empty, which
             // keeps a postmaster started after pgio provisional.
             labels.cluster = match known {
-                Some(name) => cluster_label(name, p),
+                Some(name) => self.cluster_label(name, p),
                 None => String::new(),
             };
             return Some(labels);
@@ -84,15 +139,15 @@ impl Clusters {
             Some(None) => (None, title),
             None => split_cluster(title),
         };
-        labels.cluster = cluster_label(prefix, p);
+        labels.cluster = self.cluster_label(prefix, p);
         parse_title(rest.trim(), &mut labels, p);
         Some(labels)
     }
 
-    /// Records whether `p`'s cluster has a `cluster_name`, if `p` is an auxiliary process.
-    /// Returns the data directory when that changed what its processes are labelled with.
+    /// Records whether `p`'s cluster has a `cluster_name`, if `p` is an auxiliary process of
+    /// it. Returns the data directory when that changed what its processes are labelled with.
     pub fn learn(&self, p: &ProcessInfo) -> Option<String> {
-        if !is_postgres(p) {
+        if !is_postgres(p) || trusted(p) != Some(Trust::Child) {
             return None;
         }
         let dir = p.cwd.as_ref()?;
@@ -104,16 +159,44 @@ impl Clusters {
             Some(prefix.to_owned())
         };
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        if names.get(dir) == Some(&name) {
-            return None;
+        let full = names.len() >= MAX_CLUSTERS;
+        match names.get_mut(dir) {
+            Some(l) if l.name == name => return None,
+            Some(l) => l.name = name,
+            None if full => return None,
+            None => {
+                let mut next = self.next_seen.lock().unwrap_or_else(|e| e.into_inner());
+                *next += 1;
+                names.insert(dir.clone(), Learned { name, seen: *next });
+            }
         }
-        names.insert(dir.clone(), name);
         Some(dir.clone())
+    }
+
+    /// Forgets the data directories no process runs in any more (`live`: those of this scan).
+    pub fn retain(&self, live: &std::collections::HashSet<String>) {
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names.retain(|dir, _| live.contains(dir));
     }
 
     fn known(&self, dir: &str) -> Option<Option<String>> {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        names.get(dir).cloned()
+        names.get(dir).map(|l| l.name.clone())
+    }
+
+    /// `cluster_name` if the cluster has one that no other data directory showed first (nor
+    /// is another's path), else its data directory (so two clusters on a node stay apart
+    /// without configuration, and a made-up cluster cannot take a real one's label).
+    fn cluster_label(&self, name: Option<String>, p: &ProcessInfo) -> String {
+        let dir = p.cwd.as_deref().unwrap_or_default();
+        let name = name.filter(|n| {
+            let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+            let mine = names.get(dir).map_or(u64::MAX, |l| l.seen);
+            !names
+                .iter()
+                .any(|(d, l)| d != dir && (d == n || (l.name.as_ref() == Some(n) && l.seen < mine)))
+        });
+        name.or_else(|| p.cwd.clone()).unwrap_or_default()
     }
 }
 
@@ -136,12 +219,6 @@ pub fn child_labels(parent: &Labels) -> Option<Labels> {
 /// add something (an autovacuum worker its database, a background worker its name).
 pub fn settled(labels: &Labels) -> bool {
     labels.role == "client backend"
-}
-
-/// `cluster_name` if the cluster has one, else its data directory (so two clusters on a node
-/// stay apart without configuration).
-fn cluster_label(name: Option<String>, p: &ProcessInfo) -> String {
-    name.or_else(|| p.cwd.clone()).unwrap_or_default()
 }
 
 /// `cluster_name` prefix (`15/main: checkpointer`) when nothing is known about the cluster

@@ -1,11 +1,14 @@
 use super::*;
 
+/// A title the kernel sent for a postmaster's child (so its parentage is known), or a
+/// postmaster's command line.
 fn pg(cmdline: &str) -> Labels {
     let p = ProcessInfo {
         comm: "postgres".into(),
         cmdline: cmdline.into(),
         exe: None,
         kthread: false,
+        vouched: cmdline.starts_with("postgres: "),
         ..Default::default()
     };
     Clusters::default().classify(&p).expect("postgres")
@@ -98,14 +101,149 @@ fn client_backends() {
     assert_eq!(l.role, "client backend");
 }
 
+const PG_UID: u32 = 26;
+const PG_BINARY: (u64, u64) = (8, 4242);
+
+fn owner(uid: u32, dir: &str, untitled: bool) -> Owner {
+    Owner {
+        uid,
+        binary: Some(PG_BINARY),
+        cwd: Some(dir.into()),
+        cwd_owner: Some(PG_UID),
+        untitled,
+    }
+}
+
+/// A process of the cluster in `dir` as /proc shows it: run by the directory's owner, a
+/// titled one forked by its postmaster from the same binary.
 fn in_dir(pid: u32, cmdline: &str, dir: &str) -> ProcessInfo {
+    let untitled = !cmdline.starts_with("postgres: ");
     ProcessInfo {
         pid,
         comm: "postgres".into(),
         cmdline: cmdline.into(),
         cwd: Some(dir.into()),
+        owner: Some(owner(PG_UID, dir, untitled)),
+        parent_comm: Some(if untitled { "systemd" } else { "postgres" }.into()),
+        parent: (!untitled).then(|| owner(PG_UID, dir, true)),
         ..Default::default()
     }
+}
+
+#[test]
+fn only_a_clusters_own_processes_are_classified() {
+    let c = Clusters::default();
+    let backend = "postgres: postgres shop [local] idle";
+    let real = in_dir(2, backend, "/srv/a");
+    assert_eq!(
+        c.classify(&real).map(|l| (l.role, l.cluster)),
+        Some(("client backend".into(), "/srv/a".into()))
+    );
+    let untrusted = |f: &dyn Fn(&mut ProcessInfo)| {
+        let mut p = in_dir(3, backend, "/srv/a");
+        f(&mut p);
+        c.classify(&p)
+    };
+    // Another uid than the data directory's owner (Postgres refuses to run so).
+    assert_eq!(
+        untrusted(&|p| p.owner.as_mut().expect("o").uid = 65534),
+        None
+    );
+    // Not in a data directory, or a directory someone else owns.
+    assert_eq!(
+        untrusted(&|p| {
+            p.cwd = None;
+            p.owner.as_mut().expect("o").cwd = None;
+        }),
+        None
+    );
+    assert_eq!(
+        untrusted(&|p| p.owner.as_mut().expect("o").cwd_owner = Some(0)),
+        None
+    );
+    // Parent not a postmaster of the same directory, uid and binary.
+    assert_eq!(untrusted(&|p| p.parent = None), None);
+    assert_eq!(
+        untrusted(&|p| p.parent.as_mut().expect("p").binary = Some((8, 1))),
+        None
+    );
+    assert_eq!(
+        untrusted(&|p| p.parent.as_mut().expect("p").cwd = Some("/srv/b".into())),
+        None
+    );
+    assert_eq!(
+        untrusted(&|p| p.parent.as_mut().expect("p").untitled = false),
+        None
+    );
+    assert_eq!(
+        untrusted(&|p| p.owner.as_mut().expect("o").binary = None),
+        None
+    );
+    // A postmaster in someone else's data directory.
+    let mut pm = in_dir(4, "/usr/lib/postgresql/15/bin/postgres -D /srv/a", "/srv/a");
+    assert_eq!(c.classify(&pm).map(|l| l.role), Some("postmaster".into()));
+    pm.owner.as_mut().expect("o").uid = 65534;
+    assert_eq!(c.classify(&pm), None);
+    // One before its chdir is provisional, as before.
+    let early = ProcessInfo {
+        cwd: None,
+        owner: None,
+        ..pm
+    };
+    assert_eq!(
+        c.classify(&early).map(|l| (l.role, l.cluster)),
+        Some(("postmaster".into(), String::new()))
+    );
+}
+
+#[test]
+fn a_made_up_cluster_cannot_take_a_real_ones_label() {
+    let c = Clusters::default();
+    // The real cluster: no cluster_name (labelled by its directory), then one named `main`.
+    assert!(
+        c.learn(&in_dir(2, "postgres: checkpointer ", "/srv/a"))
+            .is_some()
+    );
+    assert!(
+        c.learn(&in_dir(3, "postgres: main: checkpointer ", "/srv/b"))
+            .is_some()
+    );
+    // Someone's own cluster claiming either label gets its directory.
+    let fake = |title: &str| {
+        let mut p = in_dir(9, title, "/home/x/d");
+        for o in [p.owner.as_mut(), p.parent.as_mut()].into_iter().flatten() {
+            o.uid = 65534;
+        }
+        p.owner.as_mut().expect("o").cwd_owner = Some(65534);
+        p
+    };
+    for title in [
+        "postgres: main: checkpointer ",
+        "postgres: /srv/a: checkpointer ",
+    ] {
+        assert!(c.learn(&fake(title)).is_some());
+        assert_eq!(
+            c.classify(&fake("postgres: main: u shop [local] idle"))
+                .map(|l| l.cluster),
+            Some("/home/x/d".into()),
+            "{title}"
+        );
+        assert_eq!(
+            c.classify(&fake("postgres: /srv/a: u shop [local] idle"))
+                .map(|l| l.cluster),
+            Some("/home/x/d".into()),
+            "{title}"
+        );
+    }
+    // The real ones keep theirs.
+    let b = in_dir(5, "postgres: main: u shop [local] idle", "/srv/b");
+    assert_eq!(c.classify(&b).map(|l| l.cluster), Some("main".into()));
+    let a = in_dir(6, "postgres: u shop [local] idle", "/srv/a");
+    assert_eq!(c.classify(&a).map(|l| l.cluster), Some("/srv/a".into()));
+    // Directories without a process are forgotten at a rescan.
+    c.retain(&["/srv/b".to_string()].into());
+    assert_eq!(c.known("/srv/a"), None);
+    assert_eq!(c.known("/srv/b"), Some(Some("main".into())));
 }
 
 #[test]
