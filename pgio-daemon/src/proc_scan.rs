@@ -54,28 +54,33 @@ pub fn read_process(pid: u32) -> Option<ProcessInfo> {
 /// Who runs `p` from which binary in which data directory (`None` as long as its working
 /// directory is not one: a postmaster changes into it after exec).
 fn owner_of(p: &Process, cmdline: &str) -> (Option<Owner>, Option<String>) {
-    use std::os::unix::fs::MetadataExt;
+    use std::{io::ErrorKind::PermissionDenied, os::unix::fs::MetadataExt};
     let Ok(uid) = p.uid() else {
         return (None, None);
     };
     let dir = format!("/proc/{}/cwd", p.pid);
-    let in_data_dir = std::path::Path::new(&dir).join("PG_VERSION").exists();
-    let cwd = p
-        .cwd()
+    let version = std::fs::metadata(format!("{dir}/PG_VERSION"));
+    let link = p.cwd();
+    let exe = std::fs::metadata(format!("/proc/{}/exe", p.pid));
+    let cwd = link
+        .as_ref()
         .ok()
-        .filter(|_| in_data_dir)
+        .filter(|_| version.is_ok())
         .map(|c| c.to_string_lossy().into_owned());
     let owner = Owner {
         uid,
-        binary: std::fs::metadata(format!("/proc/{}/exe", p.pid))
-            .ok()
-            .map(|m| (m.dev(), m.ino())),
+        binary: exe.as_ref().ok().map(|m| (m.dev(), m.ino())),
         cwd_owner: cwd
             .as_ref()
             .and_then(|_| std::fs::metadata(&dir).ok())
             .map(|m| m.uid()),
         cwd: cwd.clone(),
         untitled: !cmdline.starts_with("postgres: "),
+        // Without CAP_SYS_PTRACE (the links) or CAP_DAC_READ_SEARCH (a data directory is
+        // 0700): see `postgres::trusted`.
+        hidden: matches!(link, Err(procfs::ProcError::PermissionDenied(_)))
+            || version.is_err_and(|e| e.kind() == PermissionDenied)
+            || exe.is_err_and(|e| e.kind() == PermissionDenied),
     };
     (Some(owner), cwd)
 }

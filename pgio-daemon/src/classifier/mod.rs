@@ -59,6 +59,8 @@ pub struct Owner {
     pub cwd_owner: Option<u32>,
     /// Its command line is not a `postgres: ` title (a postmaster's).
     pub untitled: bool,
+    /// pgio may not see its working directory or binary (a capability is missing).
+    pub hidden: bool,
 }
 
 pub struct Classifier {

@@ -5,7 +5,13 @@
 //! Heap page and tuple layout, the relation mapper file and the first two columns of both
 //! catalogs (`oid`, then a 64-byte `name`) are the same in PostgreSQL 15 to 18. The files hold
 //! what the last checkpoint wrote: a role or database created since is not there yet.
-use std::{collections::HashSet, os::fd::OwnedFd, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 const BLCKSZ: usize = 8192;
 const PG_AUTHID: u32 = 1260;
@@ -21,6 +27,46 @@ const HEAP_XMAX_COMMITTED: u16 = 0x0400;
 pub struct CatalogNames {
     pub roles: HashSet<String>,
     pub databases: HashSet<String>,
+}
+
+/// The catalogs last read per data directory, for `TTL`: a connection storm of backends with
+/// spaces in their names reads each cluster's files once, not once per backend. At most
+/// `ENTRIES` directories (2 MiB of files each at worst), the oldest dropped first.
+#[derive(Debug, Default)]
+pub struct CatalogCache {
+    entries: Mutex<HashMap<String, (Instant, Arc<CatalogNames>)>>,
+}
+
+const TTL: Duration = Duration::from_secs(10);
+const ENTRIES: usize = 16;
+
+impl CatalogCache {
+    /// The names of data directory `key`, from `read` if not read within `TTL`.
+    pub fn get(
+        &self,
+        key: &str,
+        read: impl FnOnce() -> std::io::Result<CatalogNames>,
+    ) -> std::io::Result<Arc<CatalogNames>> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, names)) = entries.get(key)
+            && now.duration_since(*at) < TTL
+        {
+            return Ok(names.clone());
+        }
+        let names = Arc::new(read()?);
+        entries.retain(|_, (at, _)| now.duration_since(*at) < TTL);
+        if entries.len() >= ENTRIES
+            && let Some(oldest) = entries
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone())
+        {
+            entries.remove(&oldest);
+        }
+        entries.insert(key.to_owned(), (now, names.clone()));
+        Ok(names)
+    }
 }
 
 /// Reads both catalogs of the cluster whose data directory is `data_dir` (pass
@@ -121,6 +167,31 @@ fn names_in_heap(file: &[u8]) -> impl Iterator<Item = String> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_reads_a_directory_once_per_ttl_and_keeps_few() {
+        let cache = CatalogCache::default();
+        let reads = std::cell::Cell::new(0);
+        let read = || {
+            reads.set(reads.get() + 1);
+            Ok(CatalogNames::default())
+        };
+        for _ in 0..100 {
+            cache.get("/srv/a", read).expect("names");
+        }
+        assert_eq!(reads.get(), 1);
+        assert!(
+            cache
+                .get("/srv/b", || Err(std::io::Error::other("unreadable")))
+                .is_err()
+        );
+        for i in 0..3 * ENTRIES {
+            cache.get(&format!("/d{i}"), read).expect("names");
+        }
+        assert_eq!(reads.get(), 1 + 3 * ENTRIES);
+        let n = cache.entries.lock().map(|e| e.len()).unwrap_or(0);
+        assert_eq!(n, ENTRIES);
+    }
 
     /// A heap page as PostgreSQL lays it out, with one tuple per name.
     fn page(names: &[(&str, u16)]) -> Vec<u8> {

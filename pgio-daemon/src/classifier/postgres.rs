@@ -65,6 +65,16 @@ fn trusted(p: &ProcessInfo) -> Option<Trust> {
     if p.vouched {
         return Some(Trust::Child);
     }
+    if let Some(own) = p.owner.as_ref().filter(|o| o.hidden) {
+        // pgio runs without CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH (`pgio-daemon check` warns):
+        // no data directory to check, and no cluster label either. What is left is the
+        // parentage and the uid.
+        if own.untitled && p.parent_comm.as_deref() != Some("postgres") {
+            return Some(Trust::Postmaster);
+        }
+        let parent = p.parent.as_ref()?;
+        return (parent.untitled && parent.uid == own.uid).then_some(Trust::Child);
+    }
     let own = p.owner.as_ref().filter(|o| runs_its_data_dir(o))?;
     if own.untitled && p.parent_comm.as_deref() != Some("postgres") {
         return Some(Trust::Postmaster);
@@ -97,6 +107,7 @@ pub struct Clusters {
     /// titles of auxiliary processes, which are unambiguous.
     names: Mutex<HashMap<String, Learned>>,
     next_seen: Mutex<u64>,
+    catalogs: pg_catalog::CatalogCache,
 }
 
 impl Clusters {
@@ -140,7 +151,7 @@ impl Clusters {
             None => split_cluster(title),
         };
         labels.cluster = self.cluster_label(prefix, p);
-        parse_title(rest.trim(), &mut labels, p);
+        parse_title(rest.trim(), &mut labels, p, &self.catalogs);
         Some(labels)
     }
 
@@ -260,7 +271,12 @@ fn starts_with_aux(title: &str) -> Option<(&'static str, &str)> {
     })
 }
 
-fn parse_title(title: &str, labels: &mut Labels, p: &ProcessInfo) {
+fn parse_title(
+    title: &str,
+    labels: &mut Labels,
+    p: &ProcessInfo,
+    catalogs: &pg_catalog::CatalogCache,
+) {
     if let Some((role, rest)) = starts_with_aux(title) {
         labels.role = role.into();
         if role == "autovacuum worker" {
@@ -286,7 +302,7 @@ fn parse_title(title: &str, labels: &mut Labels, p: &ProcessInfo) {
     let (user, database) = if names.len() == 2 {
         (names[0].to_owned(), names[1].to_owned())
     } else {
-        split_names(names, p)
+        split_names(names, p, catalogs)
     };
     labels.user = user;
     labels.database = database;
@@ -295,7 +311,11 @@ fn parse_title(title: &str, labels: &mut Labels, p: &ProcessInfo) {
 /// `user database` when either contains a space: the split both catalogs agree with. Without
 /// one (catalogs unreadable, or names created after the last checkpoint) the user is taken to
 /// be the first word.
-fn split_names(names: &[&str], p: &ProcessInfo) -> (String, String) {
+fn split_names(
+    names: &[&str],
+    p: &ProcessInfo,
+    catalogs: &pg_catalog::CatalogCache,
+) -> (String, String) {
     let candidates = |catalog: &pg_catalog::CatalogNames| {
         (1..names.len())
             .map(|i| (names[..i].join(" "), names[i..].join(" ")))
@@ -303,7 +323,11 @@ fn split_names(names: &[&str], p: &ProcessInfo) -> (String, String) {
             .collect::<Vec<_>>()
     };
     let dir = std::path::PathBuf::from(format!("/proc/{}/cwd", p.pid));
-    match pg_catalog::read(&dir).map(|c| candidates(&c)) {
+    let key = p.cwd.as_deref().unwrap_or_default();
+    match catalogs
+        .get(key, || pg_catalog::read(&dir))
+        .map(|c| candidates(&c))
+    {
         Ok(mut found) if found.len() == 1 => found.swap_remove(0),
         outcome => {
             debug!(pid = p.pid, ?outcome, "cannot split a client backend title");

@@ -111,7 +111,40 @@ fn owner(uid: u32, dir: &str, untitled: bool) -> Owner {
         cwd: Some(dir.into()),
         cwd_owner: Some(PG_UID),
         untitled,
+        hidden: false,
     }
+}
+
+#[test]
+fn without_the_capabilities_to_see_data_directories_parentage_and_uid_decide() {
+    let c = Clusters::default();
+    let hidden = |uid: u32, untitled: bool| Owner {
+        uid,
+        binary: None,
+        cwd: None,
+        cwd_owner: None,
+        untitled,
+        hidden: true,
+    };
+    let p = |parent_uid: u32| ProcessInfo {
+        pid: 2,
+        comm: "postgres".into(),
+        cmdline: "postgres: checkpointer ".into(),
+        owner: Some(hidden(PG_UID, false)),
+        parent_comm: Some("postgres".into()),
+        parent: Some(hidden(parent_uid, true)),
+        ..Default::default()
+    };
+    assert_eq!(
+        c.classify(&p(PG_UID)).map(|l| (l.role, l.cluster)),
+        Some(("checkpointer".into(), String::new()))
+    );
+    assert_eq!(c.classify(&p(65534)), None, "another uid's parent");
+    let orphan = ProcessInfo {
+        parent: None,
+        ..p(PG_UID)
+    };
+    assert_eq!(c.classify(&orphan), None, "not a postgres' child");
 }
 
 /// A process of the cluster in `dir` as /proc shows it: run by the directory's owner, a
