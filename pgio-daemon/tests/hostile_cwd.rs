@@ -1,6 +1,7 @@
-//! A fake client backend run by `nobody` (a binary named `postgres`, a title whose user and
-//! database contain spaces, so pgio reads the "cluster's" catalogs from its working
-//! directory) cannot stall pgio or make it read what it points at:
+//! A made-up cluster run by `nobody` (a "postmaster" named `postgres` in a data directory of
+//! its own, and a child titled as a client backend whose user and database contain spaces,
+//! so pgio reads the cluster's catalogs from its working directory) cannot stall pgio or make
+//! it read what it points at:
 //! - `global/pg_filenode.map` a FIFO: /metrics and /healthz keep answering at once, and the
 //!   process is classified (names split at the first space, as without catalogs);
 //! - `global/pg_filenode.map` and `global/1260` symlinks to a root-owned secret, `global`
@@ -9,15 +10,16 @@ mod common;
 
 use std::ffi::CString;
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Daemon;
-use pgio_testkit::{metrics::http_get, require_root, temp_dir, wait_until};
+use pgio_testkit::{
+    fake::{Fake, NOBODY, compile},
+    metrics::http_get,
+    require_root, temp_dir, wait_until,
+};
 
-const NOBODY: u32 = 65_534;
 const TITLE: &str = "postgres: u one db one [local] idle";
 
 /// `dir` as a data directory owned by nobody: `PG_VERSION` and an empty `global/`.
@@ -33,30 +35,19 @@ fn fake_data_dir(dir: &Path) {
     }
 }
 
-/// A copy of `cat` named `postgres`, run by nobody in `cwd` under the client-backend title
-/// (no argument: the title is the whole command line), blocked reading its stdin pipe.
-struct Fake(Child);
-
-impl Fake {
-    fn start(bin: &Path, cwd: &Path) -> Fake {
-        let child = Command::new(bin)
-            .arg0(TITLE)
-            .current_dir(cwd)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("fake backend");
-        Fake(child)
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// A made-up cluster run by nobody in `cwd`: a "postmaster" and one child titled as a client
+/// backend whose user and database contain spaces (so pgio reads the catalogs).
+fn fake_cluster(bin: &Path, cwd: &Path) -> Fake {
+    let mut f = Fake::start(
+        bin,
+        "postgres",
+        &["-D", "data", &" ".repeat(64)],
+        cwd,
+        &[("FAKE_CHILDREN", "1"), ("FAKE_TITLE", TITLE)],
+    )
+    .expect("fake cluster");
+    f.wait_done(1).expect("titled");
+    f
 }
 
 fn mkfifo(path: &Path) {
@@ -94,16 +85,15 @@ fn a_fifo_or_symlinks_in_a_fake_data_directory_neither_stall_nor_leak() {
         return;
     }
     let tmp = temp_dir().expect("temp dir");
-    let bin = tmp.path().join("postgres");
-    std::fs::copy("/bin/cat", &bin).expect("copy cat");
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bin = compile(tmp.path(), "postgres").expect("cc");
     let daemon = Daemon::start(&[]).expect("daemon");
 
     // 1. A FIFO as the relation map.
     let fifo_dir = tmp.path().join("fifo");
     fake_data_dir(&fifo_dir);
     mkfifo(&fifo_dir.join("global/pg_filenode.map"));
-    let fake = Fake::start(&bin, &fifo_dir);
+    let fake = fake_cluster(&bin, &fifo_dir);
     let started = Instant::now();
     let mut slowest = Duration::ZERO;
     let ok = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
@@ -148,7 +138,7 @@ fn a_fifo_or_symlinks_in_a_fake_data_directory_neither_stall_nor_leak() {
         unsafe { libc::inotify_add_watch(ino, path.as_ptr(), libc::IN_OPEN | libc::IN_ACCESS) };
     assert!(wd >= 0, "inotify_add_watch");
     let read_before = rchar(daemon.0.pid());
-    let fakes = [Fake::start(&bin, &link_dir), Fake::start(&bin, &other)];
+    let fakes = [fake_cluster(&bin, &link_dir), fake_cluster(&bin, &other)];
     let ok = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
         daemon.scrape().sum(
             "pgio_tracked_processes",

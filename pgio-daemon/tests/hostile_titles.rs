@@ -15,157 +15,18 @@
 //!   pgio's fd count and series count are back where they were.
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use common::Daemon;
-use pgio_testkit::{Metrics, PgCluster, pg_bin_dir, require_root, temp_dir, wait_until};
+use pgio_testkit::{
+    Metrics, PgCluster,
+    fake::{Fake, chown_nobody, compile},
+    pg_bin_dir, require_root, temp_dir, wait_until,
+};
 
-const NOBODY: u32 = 65_534;
 const PER_GROUP: usize = 40;
 const FAKE_BACKENDS: usize = 200;
 const READS: u64 = 3_000;
-
-/// `FAKE_CHILDREN` unset: waits for a byte on stdin, does `FAKE_READS` pread64 of `FAKE_FILE`,
-/// prints `done`, then waits for stdin to close. Set: forks that many children, each of which
-/// writes `FAKE_TITLE` (with its index for `%d`) over the command line like Postgres, and does
-/// the same without waiting for the byte; the parent waits for stdin to close.
-const FAKE_C: &str = r#"
-#include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-static void reads(void) {
-    const char *file = getenv("FAKE_FILE");
-    long n = atol(getenv("FAKE_READS") ? getenv("FAKE_READS") : "0");
-    char buf[4096];
-    int fd = file ? open(file, O_RDONLY) : -1;
-    for (long i = 0; fd >= 0 && i < n; i++) pread(fd, buf, sizeof buf, 0);
-    printf("done\n");
-    fflush(stdout);
-}
-
-static void wait_eof(void) {
-    char c;
-    while (read(0, &c, 1) > 0) {}
-}
-
-int main(int argc, char **argv) {
-    const char *children = getenv("FAKE_CHILDREN");
-    if (!children) {
-        char c;
-        if (read(0, &c, 1) == 1) reads();
-        wait_eof();
-        return 0;
-    }
-    char *area = argv[0];
-    size_t len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) - area);
-    for (int i = 0; i < atoi(children); i++) {
-        if (fork() == 0) {
-            int n = snprintf(area, len, getenv("FAKE_TITLE"), i);
-            if (n >= 0 && (size_t)n < len) memset(area + n, 0, len - n);
-            usleep(1500 * 1000);
-            reads();
-            wait_eof();
-            _exit(0);
-        }
-    }
-    wait_eof();
-    while (wait(NULL) > 0) {}
-    return 0;
-}
-"#;
-
-/// The fixture compiled as `<dir>/<name>` (the name is its comm).
-fn compile(dir: &Path, name: &str) -> PathBuf {
-    let src = dir.join("fake.c");
-    std::fs::write(&src, FAKE_C).expect("write fake.c");
-    let bin = dir.join(name);
-    let out = Command::new("cc")
-        .arg("-O1")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("cc");
-    assert!(
-        out.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
-}
-
-fn chown_nobody(p: &Path) {
-    std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).expect("chown");
-}
-
-/// A fixture process run by nobody; stdin closed (dropped) ends it and its children.
-struct Fake {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Fake {
-    fn start(bin: &Path, argv0: &str, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Fake {
-        let mut c = Command::new(bin);
-        c.arg0(argv0)
-            .args(args)
-            .current_dir(cwd)
-            .env_clear()
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("fake process");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        Fake {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// Tells it to read, and waits for `done` from `n` processes (itself or its children).
-    fn go_and_wait(&mut self, n: usize) {
-        if let Some(stdin) = self.stdin.as_mut() {
-            stdin.write_all(b"g").expect("go");
-        }
-        self.wait_done(n);
-    }
-
-    fn wait_done(&mut self, n: usize) {
-        for _ in 0..n {
-            let mut line = String::new();
-            self.stdout.read_line(&mut line).expect("done line");
-            assert_eq!(line, "done\n");
-        }
-    }
-
-    fn end(&mut self) {
-        self.stdin.take();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.stdin.take();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -209,8 +70,8 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     std::fs::create_dir_all(&fake_data).expect("fake data dir");
     std::fs::write(fake_data.join("PG_VERSION"), "15\n").expect("PG_VERSION");
     std::fs::write(fakes.join("file"), vec![7u8; 8192]).expect("file");
-    let postgres = compile(&fakes, "postgres");
-    let longhorn = compile(&fakes, "longhorn");
+    let postgres = compile(&fakes, "postgres").expect("cc");
+    let longhorn = compile(&fakes, "longhorn").expect("cc");
     // Only its own directory is nobody's; the rest of the temp dir it may pass through.
     std::fs::set_permissions(
         dir.path(),
@@ -222,10 +83,8 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
         fake_data.clone(),
         fake_data.join("PG_VERSION"),
         fakes.join("file"),
-        postgres.clone(),
-        longhorn.clone(),
     ] {
-        chown_nobody(&p);
+        chown_nobody(&p).expect("chown");
     }
     let file = fakes.join("file");
     let file = file.to_str().expect("path");
@@ -260,10 +119,11 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
         &[],
         &fake_data,
         &[("FAKE_FILE", file), ("FAKE_READS", &READS.to_string())],
-    );
+    )
+    .expect("impostor");
     std::thread::sleep(Duration::from_millis(1500)); // exec event and a rescan
     let before = daemon.scrape();
-    impostor.go_and_wait(1);
+    impostor.go_and_wait(1).expect("impostor reads");
     let after = daemon.scrape();
     let on_real = preads(&after, &real_backend) - preads(&before, &real_backend);
     assert_eq!(
@@ -297,8 +157,9 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
             ("FAKE_CHILDREN", &FAKE_BACKENDS.to_string()),
             ("FAKE_TITLE", "postgres: mallory db%d [local] idle"),
         ],
-    );
-    flood.wait_done(FAKE_BACKENDS);
+    )
+    .expect("flood");
+    flood.wait_done(FAKE_BACKENDS).expect("backends' reads");
     let fake_cluster = fake_data.to_str().expect("path");
     let refused_enough = wait_until(Duration::from_secs(20), Duration::from_millis(200), || {
         daemon
@@ -349,9 +210,10 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
         &["--volume-name", &huge, "replica", "/x"],
         &fakes,
         &[("FAKE_FILE", file), ("FAKE_READS", "10")],
-    );
+    )
+    .expect("replica");
     std::thread::sleep(Duration::from_millis(1500));
-    replica.go_and_wait(1);
+    replica.go_and_wait(1).expect("replica reads");
     let text = pgio_testkit::metrics::http_get(
         &format!("{}/metrics", daemon.url()),
         Duration::from_secs(10),

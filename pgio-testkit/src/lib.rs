@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod daemonset;
 pub mod diskstats;
 pub mod ext4;
+pub mod fake;
 pub mod fio;
 pub mod kubepods;
 pub mod load;
@@ -22,6 +23,7 @@ pub mod postgres;
 pub mod process;
 pub mod prometheus;
 pub mod promtool;
+pub mod soak;
 
 use std::time::{Duration, Instant};
 

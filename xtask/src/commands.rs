@@ -4,7 +4,7 @@ use std::env;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
@@ -120,6 +120,30 @@ pub fn run_daemon(root: &Path, skip_setup: bool, args: &[String]) -> Result<()> 
     let mut daemon_args = vec!["run".to_owned()];
     daemon_args.extend(args.iter().cloned());
     exec_privileged(root, &bin, &daemon_args)
+}
+
+pub fn soak(root: &Path, skip_setup: bool, minutes: u64, sample_secs: u64) -> Result<()> {
+    anyhow::ensure!(is_root(), "the soak loads eBPF programs: run it as root");
+    build(root, true, skip_setup)?;
+    let opts = pgio_testkit::soak::SoakOptions {
+        duration: Duration::from_secs(minutes * 60),
+        sample_every: Duration::from_secs(sample_secs.max(5)),
+        daemon_bin: daemon_binary(root)?,
+        port: 56_431,
+    };
+    step(format!(
+        "soak: {minutes} min, a sample every {sample_secs} s"
+    ));
+    let result = pgio_testkit::soak::run(&opts);
+    let text = match &result {
+        Ok(r) => format!("soak passed\n{}\n{}", r.table(), r.pgbench),
+        Err(e) => format!("{e:#}"),
+    };
+    let path = target_dir(root).join("soak-report.txt");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("{text}");
+    step(format!("soak report: {}", path.display()));
+    result.map(|_| ())
 }
 
 pub fn check(root: &Path, skip_setup: bool) -> Result<()> {

@@ -69,6 +69,19 @@ enum Cmd {
         #[arg(long)]
         per_call_only: bool,
     },
+    /// Setup, build pgio-daemon (release) and, as root, soak it: PostgreSQL under `pgbench -C`
+    /// churn plus every hostile input at once; RSS, fds, series and dropped events sampled
+    /// must stay flat (report in target/soak-report.txt).
+    Soak {
+        #[command(flatten)]
+        setup: SetupFlag,
+        /// How long to run.
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 30)]
+        sample_secs: u64,
+    },
     /// Offline checks of deploy/: helm lint, helm template, kubectl kustomize, kubeconform
     /// -strict, and the Helm and kustomize DaemonSets agree (builds helm and kubeconform once).
     DeployCheck,
@@ -112,6 +125,11 @@ fn real_main() -> Result<()> {
         Cmd::Test { setup, args } => commands::test(&root, setup.skip_setup, &args),
         Cmd::Check { setup } => commands::check(&root, setup.skip_setup),
         Cmd::DeployCheck => deploy::check(&root),
+        Cmd::Soak {
+            setup,
+            minutes,
+            sample_secs,
+        } => commands::soak(&root, setup.skip_setup, minutes, sample_secs),
         Cmd::Image { setup } => image::image(&root, setup.skip_setup),
         Cmd::Bench {
             setup,

@@ -1,0 +1,26 @@
+//! The soak's short version (`cargo xtask soak` runs it for as long as asked): PostgreSQL under
+//! `pgbench -C` churn plus every hostile input of issue 15 at once, for 3 minutes; pgio's RSS,
+//! fds, series and dropped events must be flat after warm-up (see `pgio_testkit::soak`).
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pgio_testkit::{
+    require_root,
+    soak::{SoakOptions, run},
+};
+
+#[test]
+fn soak_short() {
+    if !require_root("soak_short") {
+        return;
+    }
+    let report = run(&SoakOptions {
+        duration: Duration::from_secs(180),
+        sample_every: Duration::from_secs(10),
+        daemon_bin: PathBuf::from(env!("CARGO_BIN_EXE_pgio-daemon")),
+        port: 56_430,
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("{}", report.table());
+    eprintln!("{}", report.pgbench);
+}

@@ -1,0 +1,166 @@
+//! A process anyone could start, for hostile-input tests: a small C program (compiled once
+//! per test with `cc`) that runs under any name and user, rewrites its command line the way
+//! Postgres writes its title, and does a known number of `pread64`s when told to.
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+use anyhow::{Context as _, Result, ensure};
+
+/// The unprivileged user attackers run as.
+pub const NOBODY: u32 = 65_534;
+
+/// `FAKE_CHILDREN` unset: waits for a byte on stdin, does `FAKE_READS` pread64 of `FAKE_FILE`,
+/// prints `done`, then waits for stdin to close. Set: forks that many children, each of which
+/// writes `FAKE_TITLE` (with its index for `%d`) over the command line like Postgres, and does
+/// the same without waiting for the byte; the parent waits for stdin to close.
+pub const FAKE_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void reads(void) {
+    const char *file = getenv("FAKE_FILE");
+    long n = atol(getenv("FAKE_READS") ? getenv("FAKE_READS") : "0");
+    char buf[4096];
+    int fd = file ? open(file, O_RDONLY) : -1;
+    for (long i = 0; fd >= 0 && i < n; i++) pread(fd, buf, sizeof buf, 0);
+    printf("done\n");
+    fflush(stdout);
+}
+
+static void wait_eof(void) {
+    char c;
+    while (read(0, &c, 1) > 0) {}
+}
+
+int main(int argc, char **argv) {
+    const char *children = getenv("FAKE_CHILDREN");
+    if (!children) {
+        char c;
+        if (read(0, &c, 1) == 1) reads();
+        wait_eof();
+        return 0;
+    }
+    char *area = argv[0];
+    size_t len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) - area);
+    for (int i = 0; i < atoi(children); i++) {
+        if (fork() == 0) {
+            int n = snprintf(area, len, getenv("FAKE_TITLE"), i);
+            if (n >= 0 && (size_t)n < len) memset(area + n, 0, len - n);
+            usleep(1500 * 1000);
+            reads();
+            wait_eof();
+            _exit(0);
+        }
+    }
+    wait_eof();
+    while (wait(NULL) > 0) {}
+    return 0;
+}
+"#;
+
+/// The fixture compiled as `<dir>/<name>` (the name is its comm), owned by nobody.
+pub fn compile(dir: &Path, name: &str) -> Result<PathBuf> {
+    let src = dir.join("fake.c");
+    std::fs::write(&src, FAKE_C).context("writing fake.c")?;
+    let bin = dir.join(name);
+    let out = Command::new("cc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .context("running cc")?;
+    ensure!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    chown_nobody(&bin)?;
+    Ok(bin)
+}
+
+pub fn chown_nobody(p: &Path) -> Result<()> {
+    std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY))
+        .with_context(|| format!("chown nobody {}", p.display()))
+}
+
+/// A fixture process run by nobody; stdin closed (dropped) ends it and its children.
+pub struct Fake {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Fake {
+    /// `bin` as nobody with command line `argv0 args…` in `cwd`, with only `env`.
+    pub fn start(
+        bin: &Path,
+        argv0: &str,
+        args: &[&str],
+        cwd: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Fake> {
+        let mut c = Command::new(bin);
+        c.arg0(argv0)
+            .args(args)
+            .current_dir(cwd)
+            .env_clear()
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().context("starting a fake process")?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().context("its stdout")?);
+        Ok(Fake {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Tells it to read, and waits for `done` from `n` processes (itself or its children).
+    pub fn go_and_wait(&mut self, n: usize) -> Result<()> {
+        if let Some(stdin) = self.stdin.as_mut() {
+            stdin.write_all(b"g").context("telling the fake to go")?;
+        }
+        self.wait_done(n)
+    }
+
+    /// Waits for `done` from `n` processes.
+    pub fn wait_done(&mut self, n: usize) -> Result<()> {
+        for _ in 0..n {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).context("reading done")?;
+            ensure!(line == "done\n", "fake said {line:?}, not done");
+        }
+        Ok(())
+    }
+
+    /// Closes its stdin and waits for it (its children end with it).
+    pub fn end(&mut self) {
+        self.stdin.take();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stdin.take();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,381 @@
+//! The soak (`cargo xtask soak`, and a short run in CI): a real PostgreSQL 15 under
+//! `pgbench -C -S -R 100` connection churn while every hostile input of issue 15 runs at once,
+//! as `nobody`, renewed every round:
+//! - a made-up cluster whose "postmaster" forks 100 client backends of new databases each
+//!   round (label sets churn past `max_series_per_group`);
+//! - a process titled as a client backend of the real cluster, reading each round;
+//! - a made-up cluster whose `global/pg_filenode.map` is a FIFO and whose `global/1260` is a
+//!   symlink to /etc/shadow, with a backend whose names contain spaces (catalogs are read);
+//! - a `longhorn` with a 100 KB argv;
+//! - 50 HTTP connections that send half a request line, opened anew each round.
+//!
+//! pgio's RSS, fds, series, tracked processes and dropped events are sampled every
+//! `sample_every`. After the first third (warm-up) they must be flat: RSS drift ≤ 1 MiB over
+//! the last half, fds and series within bounds, no lost lifecycle event, no exit missed, no
+//! full map; and the real cluster's auxiliary processes are each tracked exactly once, and
+//! pgbench fails no transaction.
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::{
+    Daemon, Metrics, PgCluster, PgOptions,
+    fake::{Fake, chown_nobody, compile},
+    pg_bin_dir, temp_dir,
+};
+
+pub struct SoakOptions {
+    pub duration: Duration,
+    pub sample_every: Duration,
+    /// The pgio-daemon binary (with its eBPF object).
+    pub daemon_bin: PathBuf,
+    pub port: u16,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SoakSample {
+    pub secs: u64,
+    pub rss_kib: u64,
+    pub fds: usize,
+    pub series: f64,
+    pub refused: f64,
+    pub tracked: f64,
+    pub dropped: f64,
+    pub exits_missed: f64,
+    pub scrape_ms: u128,
+    pub exposition_bytes: usize,
+}
+
+pub struct SoakReport {
+    pub samples: Vec<SoakSample>,
+    pub pgbench: String,
+}
+
+impl SoakReport {
+    pub fn table(&self) -> String {
+        let mut out = String::from(
+            "    s   RSS KiB   fds   series  refused  tracked  dropped  missed  scrape ms   bytes\n",
+        );
+        for s in &self.samples {
+            let _ = writeln!(
+                out,
+                "{:>5} {:>9} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>10} {:>7}",
+                s.secs,
+                s.rss_kib,
+                s.fds,
+                s.series,
+                s.refused,
+                s.tracked,
+                s.dropped,
+                s.exits_missed,
+                s.scrape_ms,
+                s.exposition_bytes
+            );
+        }
+        out
+    }
+}
+
+const AUXILIARY: [&str; 4] = [
+    "checkpointer",
+    "background writer",
+    "walwriter",
+    "autovacuum launcher",
+];
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// A made-up data directory owned by nobody.
+fn fake_data_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir.join("global"))?;
+    std::fs::write(dir.join("PG_VERSION"), "15\n")?;
+    for p in [
+        dir.to_path_buf(),
+        dir.join("global"),
+        dir.join("PG_VERSION"),
+    ] {
+        chown_nobody(&p)?;
+    }
+    Ok(())
+}
+
+pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
+    let bin_dir = pg_bin_dir(15).context("PostgreSQL 15")?;
+    let dir = temp_dir()?;
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let mut pg = PgCluster::init_with(
+        PgOptions::new(&bin_dir, dir.path().join("data"), opts.port)
+            .setting("max_connections", "50"),
+    )?;
+    pg.start()?;
+    pg.pgbench_ok(&["-i", "-s", "2", "-q", "postgres"])?;
+    let cluster = std::fs::canonicalize(pg.data_dir())?;
+    let cluster = cluster.to_str().context("UTF-8 path")?.to_owned();
+
+    let fakes = dir.path().join("fakes");
+    std::fs::create_dir_all(&fakes)?;
+    chown_nobody(&fakes)?;
+    let file = fakes.join("file");
+    std::fs::write(&file, vec![7u8; 8192])?;
+    chown_nobody(&file)?;
+    let file = file.to_str().context("path")?.to_owned();
+    let postgres = compile(&fakes, "postgres")?;
+    let longhorn = compile(&fakes, "longhorn")?;
+    let flood_dir = fakes.join("flood");
+    let fifo_dir = fakes.join("fifo");
+    let link_dir = fakes.join("links");
+    for d in [&flood_dir, &fifo_dir, &link_dir] {
+        fake_data_dir(d)?;
+    }
+    let fifo = fifo_dir.join("global/pg_filenode.map");
+    let status = std::process::Command::new("mkfifo").arg(&fifo).status()?;
+    ensure!(status.success(), "mkfifo");
+    chown_nobody(&fifo)?;
+    for name in ["pg_filenode.map", "1260"] {
+        std::os::unix::fs::symlink("/etc/shadow", link_dir.join("global").join(name))?;
+    }
+
+    let daemon = Daemon::start(
+        &opts.daemon_bin,
+        "rescan_interval_secs = 2\nseries_retention_secs = 20\nmax_series_per_group = 64\n",
+    )?;
+    daemon.wait_tracked("postgres", "checkpointer")?;
+    let pid = daemon.pid();
+    let url = daemon.url.clone();
+    let addr = url
+        .strip_prefix("http://")
+        .context("daemon url")?
+        .to_owned();
+
+    // The legitimate load, for the whole run.
+    let secs = opts.duration.as_secs().max(10).to_string();
+    let mut bench = pg.as_os_user("pgbench");
+    bench
+        .args(pg.conn_args())
+        .args(["-C", "-S", "-R", "100", "-c", "4", "-j", "2", "-T", &secs])
+        .arg("postgres")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let bench = bench.spawn().context("pgbench")?;
+
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut round = 0u32;
+    let mut last_flood: Option<Fake> = None;
+    let huge = "v".repeat(100_000);
+    let mut replica = Fake::start(
+        &longhorn,
+        "longhorn",
+        &["--volume-name", &huge, "replica", "/x"],
+        &fakes,
+        &[("FAKE_FILE", &file), ("FAKE_READS", "10")],
+    )?;
+    replica.go_and_wait(1)?;
+    let mut fifo_backend = Fake::start(
+        &postgres,
+        "postgres",
+        &["-D", "fifo", &" ".repeat(100)],
+        &fifo_dir,
+        &[
+            ("FAKE_CHILDREN", "1"),
+            ("FAKE_TITLE", "postgres: u one db one [local] idle"),
+        ],
+    )?;
+    fifo_backend.wait_done(1)?;
+    let mut link_backend = Fake::start(
+        &postgres,
+        "postgres",
+        &["-D", "links", &" ".repeat(100)],
+        &link_dir,
+        &[
+            ("FAKE_CHILDREN", "1"),
+            ("FAKE_TITLE", "postgres: u one db one [local] idle"),
+        ],
+    )?;
+    link_backend.wait_done(1)?;
+    let impostor_title = format!("postgres: {cluster}: postgres postgres [local] idle");
+    let mut failures = Vec::new();
+    let mut slow: Vec<TcpStream> = Vec::new();
+    while started.elapsed() < opts.duration {
+        round += 1;
+        // Renew the churning inputs.
+        let title = format!("postgres: mallory r{round}db%d [local] idle");
+        let mut flood = Fake::start(
+            &postgres,
+            "postgres",
+            &["-D", "flood", &" ".repeat(200)],
+            &flood_dir,
+            &[
+                ("FAKE_FILE", &file),
+                ("FAKE_READS", "5"),
+                ("FAKE_CHILDREN", "100"),
+                ("FAKE_TITLE", &title),
+            ],
+        )?;
+        flood.wait_done(100)?;
+        if let Some(mut old) = last_flood.replace(flood) {
+            old.end();
+        }
+        let mut impostor = Fake::start(
+            &postgres,
+            &impostor_title,
+            &[],
+            &fakes,
+            &[("FAKE_FILE", &file), ("FAKE_READS", "1000")],
+        )?;
+        impostor.go_and_wait(1)?;
+        impostor.end();
+        slow.clear();
+        for _ in 0..50 {
+            if let Ok(mut s) = TcpStream::connect(&addr) {
+                let _ = s.write_all(b"GET /metr");
+                slow.push(s);
+            }
+        }
+
+        std::thread::sleep(opts.sample_every.saturating_sub(Duration::from_millis(500)));
+        let t0 = Instant::now();
+        let text = crate::metrics::http_get(&format!("{url}/metrics"), Duration::from_secs(10))
+            .context("scraping /metrics during the soak")?;
+        let scrape_ms = t0.elapsed().as_millis();
+        let m = Metrics::parse(&text)?;
+        for role in AUXILIARY {
+            let n = m.sum(
+                "pgio_tracked_processes",
+                &[("app", "postgres"), ("role", role), ("cluster", &cluster)],
+            );
+            if n != 1.0 {
+                failures.push(format!(
+                    "at {} s the real cluster's {role} is tracked {n} times",
+                    started.elapsed().as_secs()
+                ));
+            }
+        }
+        let dropped: f64 = m
+            .matching("pgio_events_dropped_total", &[])
+            .filter(|s| s.labels.get("reason").map(String::as_str) != Some("title_over_budget"))
+            .map(|s| s.value)
+            .sum();
+        samples.push(SoakSample {
+            secs: started.elapsed().as_secs(),
+            rss_kib: status_kib(pid, "VmRSS:"),
+            fds: fds(pid),
+            series: m.sum("pgio_series", &[]),
+            refused: m.sum("pgio_series_refused_total", &[]),
+            tracked: m.sum("pgio_tracked_processes", &[]),
+            dropped,
+            exits_missed: m.sum("pgio_exits_missed_total", &[]),
+            scrape_ms,
+            exposition_bytes: text.len(),
+        });
+    }
+    drop(slow);
+    if let Some(mut f) = last_flood.take() {
+        f.end();
+    }
+    replica.end();
+    fifo_backend.end();
+    link_backend.end();
+    let out = bench.wait_with_output().context("pgbench")?;
+    let pgbench = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report = SoakReport { samples, pgbench };
+    daemon.stop()?;
+    pg.stop()?;
+    if !out.status.success() {
+        failures.push(format!(
+            "pgbench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if let Some(line) = report
+        .pgbench
+        .lines()
+        .find(|l| l.starts_with("number of failed transactions"))
+        && !line.contains(": 0 ")
+    {
+        failures.push(format!("pgbench: {line}"));
+    }
+    failures.extend(judge(&report.samples));
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        bail!(
+            "soak failed:\n- {}\n{}",
+            failures.join("\n- "),
+            report.table()
+        )
+    }
+}
+
+/// The flatness rules, on the samples after the first third.
+pub fn judge(samples: &[SoakSample]) -> Vec<String> {
+    let mut failures = Vec::new();
+    if samples.len() < 6 {
+        return vec![format!(
+            "only {} samples: run longer or sample more often",
+            samples.len()
+        )];
+    }
+    let steady = &samples[samples.len() / 3..];
+    let last_half = &samples[samples.len() / 2..];
+    let (first, last) = (&last_half[0], &last_half[last_half.len() - 1]);
+    if last.rss_kib > first.rss_kib + 1024 {
+        failures.push(format!(
+            "RSS grew {} KiB -> {} KiB over the last half",
+            first.rss_kib, last.rss_kib
+        ));
+    }
+    let fd_range = |s: &[SoakSample]| {
+        let max = s.iter().map(|s| s.fds).max().unwrap_or(0);
+        let min = s.iter().map(|s| s.fds).min().unwrap_or(0);
+        (min, max)
+    };
+    let (min, max) = fd_range(steady);
+    if max > min + 8 {
+        failures.push(format!("fds ranged {min}..{max} after warm-up"));
+    }
+    let series_max = |s: &[SoakSample]| s.iter().map(|s| s.series).fold(0.0, f64::max);
+    let (early, late) = (
+        series_max(&samples[..samples.len() / 2]),
+        series_max(last_half),
+    );
+    if late > early * 1.1 + 5.0 {
+        failures.push(format!(
+            "series kept growing: at most {early} in the first half, {late} in the last"
+        ));
+    }
+    let base = &steady[0];
+    for s in steady {
+        if s.dropped > base.dropped {
+            failures.push(format!(
+                "at {} s, {} events dropped (was {})",
+                s.secs, s.dropped, base.dropped
+            ));
+            break;
+        }
+    }
+    if let Some(s) = samples.iter().find(|s| s.exits_missed > 0.0) {
+        failures.push(format!("at {} s, {} exits missed", s.secs, s.exits_missed));
+    }
+    failures
+}
