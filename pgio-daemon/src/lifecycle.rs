@@ -290,7 +290,7 @@ fn detach_binary(ebpf: &Mutex<Ebpf>, links: Vec<(&'static str, UProbeLinkId)>) {
             .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
             .and_then(|p| p.detach(link).map_err(Into::into));
         match result {
-            Ok(()) => debug!(program, "uprobe detached: no process runs its binary"),
+            Ok(()) => info!(program, "uprobe detached: no postmaster runs its binary"),
             Err(e) => warn!(program, error = format!("{e:#}"), "cannot detach uprobe"),
         }
     }
