@@ -21,9 +21,14 @@ pub enum DropReason {
     /// A completion whose device (`rq->q->disk`) could not be read: the request was not
     /// counted.
     DeviceUnreadable = 5,
+    /// A process had already sent its titles from `init_ps_display` (`TITLES_PER_PROCESS`):
+    /// a further title was not sent, so that one process calling it in a loop cannot fill the
+    /// lifecycle ring. Userspace still reads the title from /proc (its scheduled looks, the
+    /// rescan).
+    TitleOverBudget = 6,
 }
 
-pub const DROP_REASONS: usize = 6;
+pub const DROP_REASONS: usize = 7;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -33,6 +38,7 @@ impl DropReason {
         DropReason::SyscallStartUnavailable,
         DropReason::IssueMissed,
         DropReason::DeviceUnreadable,
+        DropReason::TitleOverBudget,
     ];
 
     pub const fn reason(self) -> &'static str {
@@ -43,6 +49,7 @@ impl DropReason {
             DropReason::SyscallStartUnavailable => "syscall_start_unavailable",
             DropReason::IssueMissed => "block_rq_issue_missed",
             DropReason::DeviceUnreadable => "block_device_unreadable",
+            DropReason::TitleOverBudget => "title_over_budget",
         }
     }
 }

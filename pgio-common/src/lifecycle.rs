@@ -18,6 +18,15 @@ pub enum LifecycleKind {
     Titled = 3,
 }
 
+/// Titles one process (tgid) may send from `init_ps_display` while provisional. PostgreSQL
+/// calls it once per process, right after fork; more is a process calling it in a loop.
+/// Counted per process incarnation: reset when a tracked process forks it, and when it exits.
+pub const TITLES_PER_PROCESS: u32 = 2;
+
+/// Processes whose title count the kernel keeps (an LRU hash: one evicted by a flood of new
+/// processes just gets its budget again; each of those needed a fork of its own).
+pub const TITLE_BUDGET_ENTRIES: u32 = 16_384;
+
 /// Bytes of a title sent with [`TitleEvent`]: `cluster_name: user database host(port)` with
 /// 63-byte names fits.
 pub const TITLE_MAX: usize = 256;

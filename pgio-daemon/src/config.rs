@@ -58,6 +58,11 @@ pub struct Config {
     /// postgres binary): `pgio_query_seconds`, `pgio_query_io_seconds`. Off by default: two
     /// or more uprobe hits per query cost `pgbench -S` 8–12 % of its TPS (BENCHMARKS.md).
     pub query_probes: bool,
+    /// At most this many distinct postgres binaries carry pgio's uprobes at once (each costs
+    /// one or more fds and kernel uprobes); past it a binary is refused
+    /// (`pgio_postgres_binaries_refused_total`) until another one's processes are all gone.
+    /// Binaries not owned by root get at most three quarters of the places. 0 attaches none.
+    pub max_postgres_binaries: usize,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,
 }
@@ -82,6 +87,7 @@ struct File {
     max_label_len: Option<Spanned<u64>>,
     block_inflight_timeout_secs: Option<Spanned<u64>>,
     query_probes: Option<bool>,
+    max_postgres_binaries: Option<usize>,
     #[serde(default)]
     rule: Vec<RuleConfig>,
 }
@@ -115,6 +121,7 @@ impl Default for Config {
             max_label_len: limits.label_len as u64,
             block_inflight_timeout_secs: 180,
             query_probes: false,
+            max_postgres_binaries: 64,
             rules: Vec::new(),
         }
     }
@@ -265,6 +272,9 @@ impl Config {
                 .block_inflight_timeout_secs
                 .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
             query_probes: file.query_probes.unwrap_or(default.query_probes),
+            max_postgres_binaries: file
+                .max_postgres_binaries
+                .unwrap_or(default.max_postgres_binaries),
             rules: file.rule,
         })
     }

@@ -68,6 +68,10 @@ impl Discovery {
     pub fn scan_all(&mut self) -> Result<Vec<u32>> {
         self.classifier.refresh_pods();
         let classified = classify_all(&self.classifier)?;
+        if let Some(p) = self.postgres_probes.as_mut() {
+            // Before tracking: a binary detached now leaves room for one refused before.
+            p.prune();
+        }
         let mut seen = Vec::with_capacity(classified.len());
         for (pid, labels) in classified {
             seen.push(pid);

@@ -1,16 +1,23 @@
 //! Userspace side of the lifecycle probes: decodes the `LIFECYCLE` ring buffer (fork, exec,
-//! exit, and titles from the `init_ps_display` uretprobe) for discovery, and attaches that
-//! uretprobe to each postgres binary.
+//! exit, and titles from the `init_ps_display` uretprobe) for discovery, and attaches the
+//! uprobes on PostgreSQL's functions to each postgres binary while a postmaster runs it.
 use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
     maps::{MapData, RingBuf},
-    programs::{UProbe, uprobe::UProbeScope},
+    programs::{
+        UProbe,
+        uprobe::{UProbeLinkId, UProbeScope},
+    },
 };
 use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent};
 use tracing::{debug, info, warn};
@@ -61,30 +68,73 @@ pub fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
     out
 }
 
+/// Counts of [`PostgresProbes`], shared with `/metrics` (`self_metrics`).
+#[derive(Debug, Default)]
+pub struct PostgresProbeStats {
+    /// Binaries with probes attached now.
+    pub binaries_attached: AtomicU64,
+    /// Binaries not attached because the cap was reached: once per binary and run (a binary
+    /// whose processes all went and that comes back counts again).
+    pub binaries_refused: AtomicU64,
+    /// Binaries detached because no process ran them any more.
+    pub binaries_detached: AtomicU64,
+}
+
+/// A binary by `(st_dev, st_ino)`: the same file under several paths, or in several
+/// containers of one image layer on one mount, is one binary.
+type BinaryId = (u64, u64);
+
+struct Binary {
+    /// Postmasters seen running it: when none is left, its probes go.
+    pids: HashSet<u32>,
+    probes: BinaryProbes,
+}
+
+enum BinaryProbes {
+    /// (program name, link) of each program attached; none when the binary has none of the
+    /// functions (not PostgreSQL): not tried again while its processes run.
+    Attached(Vec<(&'static str, UProbeLinkId)>),
+    /// Not attached because the cap was reached: tried again at its next `attach_for`.
+    Refused,
+}
+
 /// Attaches the probes on PostgreSQL's own functions (the title uretprobe, the query uprobe:
-/// `probes::POSTGRES_BINARY`) to each distinct postgres executable, the first time one of its
-/// postmasters is seen (by inode: the same binary under several paths or in several
-/// containers is attached once).
+/// `probes::POSTGRES_BINARY`) to each distinct postgres executable the first time one of its
+/// postmasters is seen, and detaches them (closing their fds) once no postmaster runs it
+/// (`prune`, at each rescan). At most `max_binaries` binaries hold probes at once; binaries
+/// not owned by root get at most three quarters of them, so that processes of unprivileged
+/// users cannot take every place from an installed PostgreSQL.
 pub struct PostgresProbes {
     ebpf: Arc<Mutex<Ebpf>>,
-    attached: HashSet<(u64, u64)>,
+    binaries: HashMap<BinaryId, Binary>,
     /// `query_probes` in the config.
     queries: bool,
+    /// `max_postgres_binaries` in the config.
+    max_binaries: usize,
+    stats: Arc<PostgresProbeStats>,
 }
 
 impl PostgresProbes {
-    pub fn new(ebpf: Arc<Mutex<Ebpf>>, queries: bool) -> PostgresProbes {
+    pub fn new(
+        ebpf: Arc<Mutex<Ebpf>>,
+        queries: bool,
+        max_binaries: usize,
+        stats: Arc<PostgresProbeStats>,
+    ) -> PostgresProbes {
         PostgresProbes {
             ebpf,
-            attached: HashSet::new(),
+            binaries: HashMap::new(),
             queries,
+            max_binaries,
+            stats,
         }
     }
 
-    /// Attaches to the executable of process `pid` unless already done. `/proc/<pid>/exe`
-    /// reaches the binary also inside another mount namespace.
+    /// Attaches to the executable of postmaster `pid` unless already done (or refused, and
+    /// still no room). `/proc/<pid>/exe` reaches the binary also inside another mount
+    /// namespace.
     pub fn attach_for(&mut self, pid: u32) {
-        use std::os::unix::{fs::MetadataExt, io::AsRawFd};
+        use std::os::unix::fs::MetadataExt;
         // Opened once: the process may exit between two attaches, its binary stays open here.
         let Ok(file) = std::fs::File::open(format!("/proc/{pid}/exe")) else {
             return;
@@ -92,51 +142,156 @@ impl PostgresProbes {
         let Ok(meta) = file.metadata() else {
             return;
         };
-        if !self.attached.insert((meta.dev(), meta.ino())) {
-            return;
-        }
-        let exe = format!("/proc/self/fd/{}", file.as_raw_fd());
-        let binary = std::fs::read_link(&exe)
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
-        let mut ebpf = lock(&self.ebpf);
-        for probe in POSTGRES_BINARY {
-            if probe.family == ProbeFamily::Query && !self.queries {
-                continue;
+        let id = (meta.dev(), meta.ino());
+        let refused_before = match self.binaries.get_mut(&id) {
+            Some(binary) => {
+                binary.pids.insert(pid);
+                match binary.probes {
+                    BinaryProbes::Attached(_) => return,
+                    BinaryProbes::Refused => true,
+                }
             }
-            let (Attach::URetProbeLater { function } | Attach::UProbeLater { function }) =
-                probe.attach
+            None => false,
+        };
+        let probes = if self.has_room(meta.uid()) {
+            let links = attach_binary(&self.ebpf, &file, pid, self.queries);
+            if !links.is_empty() {
+                self.stats.binaries_attached.fetch_add(1, Ordering::Relaxed);
+            }
+            BinaryProbes::Attached(links)
+        } else {
+            if !refused_before {
+                self.stats.binaries_refused.fetch_add(1, Ordering::Relaxed);
+                debug!(
+                    pid,
+                    max_postgres_binaries = self.max_binaries,
+                    "postgres binary not attached: too many binaries attached"
+                );
+            }
+            BinaryProbes::Refused
+        };
+        let binary = self.binaries.entry(id).or_insert_with(|| Binary {
+            pids: HashSet::new(),
+            probes: BinaryProbes::Refused,
+        });
+        binary.pids.insert(pid);
+        binary.probes = probes;
+    }
+
+    /// Forgets the postmasters that exited (or exec'd another binary), and detaches the
+    /// binaries none of them runs any more: their links (and fds) are closed.
+    pub fn prune(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let mut gone = Vec::new();
+        for (id, binary) in &mut self.binaries {
+            binary.pids.retain(|pid| {
+                std::fs::metadata(format!("/proc/{pid}/exe"))
+                    .is_ok_and(|m| (m.dev(), m.ino()) == *id)
+            });
+            if binary.pids.is_empty() {
+                gone.push(*id);
+            }
+        }
+        for id in gone {
+            let Some(Binary {
+                probes: BinaryProbes::Attached(links),
+                ..
+            }) = self.binaries.remove(&id)
             else {
                 continue;
             };
-            let result = ebpf
-                .program_mut(&probe.program)
-                .context("program missing")
-                .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
-                .and_then(|p| {
-                    p.attach(function, &exe, UProbeScope::AllProcesses)
-                        .map_err(Into::into)
-                });
-            match result {
-                Ok(_) => info!(pid, binary, function, "uprobe attached"),
-                // PostgreSQL before 18 has no AIO: nothing is missing.
-                Err(e) if function == "pgaio_wref_wait" => debug!(
-                    pid,
-                    binary,
-                    function,
-                    error = format!("{e:#}"),
-                    "uprobe not attached"
-                ),
-                // Without the title: classification from /proc a few ms after fork; without
-                // the query probe: no query metrics for this binary.
-                Err(e) => warn!(
-                    pid,
-                    binary,
-                    function,
-                    error = format!("{e:#}"),
-                    "uprobe not attached"
-                ),
+            if links.is_empty() {
+                continue;
             }
+            detach_binary(&self.ebpf, links);
+            self.stats.binaries_attached.fetch_sub(1, Ordering::Relaxed);
+            self.stats.binaries_detached.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a binary owned by `owner` may be attached now.
+    fn has_room(&self, owner: u32) -> bool {
+        let attached = self.stats.binaries_attached.load(Ordering::Relaxed) as usize;
+        let limit = if owner == 0 {
+            self.max_binaries
+        } else {
+            self.max_binaries - self.max_binaries / 4
+        };
+        attached < limit
+    }
+}
+
+/// Attaches `probes::POSTGRES_BINARY` to the executable open as `file`; returns the links.
+fn attach_binary(
+    ebpf: &Mutex<Ebpf>,
+    file: &std::fs::File,
+    pid: u32,
+    queries: bool,
+) -> Vec<(&'static str, UProbeLinkId)> {
+    use std::os::unix::io::AsRawFd;
+    let exe = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let binary = std::fs::read_link(&exe)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let mut links = Vec::new();
+    let mut ebpf = lock(ebpf);
+    for probe in POSTGRES_BINARY {
+        if probe.family == ProbeFamily::Query && !queries {
+            continue;
+        }
+        let (Attach::URetProbeLater { function } | Attach::UProbeLater { function }) = probe.attach
+        else {
+            continue;
+        };
+        let Cow::Borrowed(program) = probe.program else {
+            continue;
+        };
+        let result = ebpf
+            .program_mut(program)
+            .context("program missing")
+            .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
+            .and_then(|p| {
+                p.attach(function, &exe, UProbeScope::AllProcesses)
+                    .map_err(Into::into)
+            });
+        match result {
+            Ok(link) => {
+                info!(pid, binary, function, "uprobe attached");
+                links.push((program, link));
+            }
+            // PostgreSQL before 18 has no AIO: nothing is missing.
+            Err(e) if function == "pgaio_wref_wait" => debug!(
+                pid,
+                binary,
+                function,
+                error = format!("{e:#}"),
+                "uprobe not attached"
+            ),
+            // Without the title: classification from /proc a few ms after fork; without
+            // the query probe: no query metrics for this binary.
+            Err(e) => warn!(
+                pid,
+                binary,
+                function,
+                error = format!("{e:#}"),
+                "uprobe not attached"
+            ),
+        }
+    }
+    links
+}
+
+fn detach_binary(ebpf: &Mutex<Ebpf>, links: Vec<(&'static str, UProbeLinkId)>) {
+    let mut ebpf = lock(ebpf);
+    for (program, link) in links {
+        let result = ebpf
+            .program_mut(program)
+            .context("program missing")
+            .and_then(|p| <&mut UProbe>::try_from(p).map_err(Into::into))
+            .and_then(|p| p.detach(link).map_err(Into::into));
+        match result {
+            Ok(()) => info!(program, "uprobe detached: no postmaster runs its binary"),
+            Err(e) => warn!(program, error = format!("{e:#}"), "cannot detach uprobe"),
         }
     }
 }

@@ -235,7 +235,12 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     collector.register(query::Queries::take(&mut ebpf)?);
     collector.register(TrackedProcesses);
     collector.register(DeviceInfo);
-    collector.register(SelfMetrics::take(&mut ebpf, status)?);
+    let postgres_probe_stats = Arc::new(lifecycle::PostgresProbeStats::default());
+    collector.register(SelfMetrics::take(
+        &mut ebpf,
+        status,
+        postgres_probe_stats.clone(),
+    )?);
     let collector = Arc::new(collector);
 
     if let Some(pods) = config.pods() {
@@ -262,6 +267,8 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         Some(lifecycle::PostgresProbes::new(
             ebpf.clone(),
             config.query_probes,
+            config.max_postgres_binaries,
+            postgres_probe_stats,
         )),
         config.series_retention(),
     );

@@ -1,6 +1,9 @@
 //! pgio's own health: events the kernel side dropped, probes attached, each program's run time,
 //! lifecycle events missed, build info.
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::{
+    os::fd::{AsFd, AsRawFd, RawFd},
+    sync::{Arc, atomic::Ordering},
+};
 
 use anyhow::Result;
 use aya::{
@@ -12,6 +15,7 @@ use pgio_common::drops::{DROP_REASONS, DropReason};
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
+    lifecycle::PostgresProbeStats,
     maps::take_map,
     probes::ProbeStatus,
     provisional::Provisional,
@@ -46,10 +50,15 @@ pub struct SelfMetrics {
     probes: Vec<ProbeStatus>,
     /// (program name, fd); the fds live as long as the loaded `Ebpf`.
     program_fds: Vec<(String, RawFd)>,
+    postgres_probes: Arc<PostgresProbeStats>,
 }
 
 impl SelfMetrics {
-    pub fn take(ebpf: &mut Ebpf, probes: Vec<ProbeStatus>) -> Result<SelfMetrics> {
+    pub fn take(
+        ebpf: &mut Ebpf,
+        probes: Vec<ProbeStatus>,
+        postgres_probes: Arc<PostgresProbeStats>,
+    ) -> Result<SelfMetrics> {
         let program_fds = ebpf
             .programs()
             .filter_map(|(name, p)| Some((name.to_owned(), p.fd().ok()?.as_fd().as_raw_fd())))
@@ -58,6 +67,7 @@ impl SelfMetrics {
             drops: take_map(ebpf, DROPS_MAP)?,
             probes,
             program_fds,
+            postgres_probes,
         })
     }
 }
@@ -77,10 +87,16 @@ impl Source for SelfMetrics {
             .iter()
             .filter_map(|(name, fd)| Some((name.clone(), program_stats(*fd)?)))
             .collect();
+        let p = &self.postgres_probes;
         Box::new(SelfSnapshot {
             probes: self.probes.clone(),
             drops,
             programs,
+            postgres_binaries: PostgresBinaries {
+                attached: p.binaries_attached.load(Ordering::Relaxed),
+                refused: p.binaries_refused.load(Ordering::Relaxed),
+                detached: p.binaries_detached.load(Ordering::Relaxed),
+            },
         })
     }
 }
@@ -90,6 +106,15 @@ pub struct SelfSnapshot {
     pub probes: Vec<ProbeStatus>,
     pub drops: [u64; DROP_REASONS],
     pub programs: Vec<(String, ProgramStats)>,
+    pub postgres_binaries: PostgresBinaries,
+}
+
+/// `lifecycle::PostgresProbeStats` read at a scrape.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PostgresBinaries {
+    pub attached: u64,
+    pub refused: u64,
+    pub detached: u64,
 }
 
 static PROBE_ATTACHED: Family = Family {
@@ -147,6 +172,21 @@ static RECURSION_MISSES: Family = Family {
     help: "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
     kind: Kind::Counter,
 };
+static POSTGRES_BINARIES_ATTACHED: Family = Family {
+    name: "pgio_postgres_binaries_attached",
+    help: "Postgres binaries carrying pgio's uprobes now (at most max_postgres_binaries); a binary's uprobes are detached at the first rescan after no postmaster runs it.",
+    kind: Kind::Gauge,
+};
+static POSTGRES_BINARIES_REFUSED: Family = Family {
+    name: "pgio_postgres_binaries_refused",
+    help: "Postgres binaries not given uprobes because max_postgres_binaries were attached (binaries not owned by root: three quarters of it); tried again at each rescan. Their backends are classified from /proc, without titles from the kernel or query metrics.",
+    kind: Kind::Counter,
+};
+static POSTGRES_BINARIES_DETACHED: Family = Family {
+    name: "pgio_postgres_binaries_detached",
+    help: "Postgres binaries whose uprobes were detached because no postmaster ran them any more.",
+    kind: Kind::Counter,
+};
 static BUILD_INFO: Family = Family {
     name: "pgio_build_info",
     help: "pgio version (value is always 1).",
@@ -192,6 +232,13 @@ impl Snapshot for SelfSnapshot {
         for (name, s) in &self.programs {
             f.counter(program(name), s.recursion_misses);
         }
+        let b = &self.postgres_binaries;
+        enc.family(&POSTGRES_BINARIES_ATTACHED)
+            .gauge((), b.attached as i64);
+        enc.family(&POSTGRES_BINARIES_REFUSED)
+            .counter((), b.refused);
+        enc.family(&POSTGRES_BINARIES_DETACHED)
+            .counter((), b.detached);
         enc.family(&BUILD_INFO)
             .gauge([("version", env!("CARGO_PKG_VERSION"))], 1);
     }

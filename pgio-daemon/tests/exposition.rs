@@ -19,7 +19,7 @@ use pgio_daemon::{
     hist::Log2Hist,
     labels::Labels,
     probes::ProbeStatus,
-    self_metrics::{ProgramStats, SelfSnapshot},
+    self_metrics::{PostgresBinaries, ProgramStats, SelfSnapshot},
     series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
     tracked_processes::TrackedProcesses,
@@ -191,7 +191,12 @@ fn golden_readings() -> Readings {
                 attached: false,
             },
         ],
-        drops: [1, 0, 2, 0, 5, 0],
+        postgres_binaries: PostgresBinaries {
+            attached: 2,
+            refused: 3,
+            detached: 4,
+        },
+        drops: [1, 0, 2, 0, 5, 0, 0],
         programs: vec![
             (
                 "block_rq_complete".into(),
@@ -211,7 +216,7 @@ fn golden_readings() -> Readings {
             ),
         ],
     };
-    const _: () = assert!(DROP_REASONS == 6);
+    const _: () = assert!(DROP_REASONS == 7);
     r
 }
 
@@ -231,7 +236,7 @@ fn families(text: &str) -> Vec<String> {
 }
 
 /// Families newer than `golden/`, with their last sample in `golden_readings`.
-const NEWER_FAMILIES: [(&str, &str); 4] = [
+const NEWER_FAMILIES: [(&str, &str); 7] = [
     ("pgio_series", "pgio_series 5"),
     ("pgio_series_retired", "pgio_series_retired_total 0"),
     (
@@ -241,6 +246,18 @@ const NEWER_FAMILIES: [(&str, &str); 4] = [
     (
         "pgio_block_io_lost_completions",
         r#"pgio_block_io_lost_completions_total{device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",cluster="15/main",volume="pvc-b"} 3"#,
+    ),
+    (
+        "pgio_postgres_binaries_attached",
+        "pgio_postgres_binaries_attached 2",
+    ),
+    (
+        "pgio_postgres_binaries_refused",
+        "pgio_postgres_binaries_refused_total 3",
+    ),
+    (
+        "pgio_postgres_binaries_detached",
+        "pgio_postgres_binaries_detached_total 4",
     ),
 ];
 

@@ -1,24 +1,53 @@
 //! Process lifecycle → ring buffer → userspace discovery. Only events userspace acts on:
-//! forks of tracked processes, every exec, exits of tracked processes.
+//! forks of tracked processes, every exec, exits of tracked processes, and a provisional
+//! process' first titles (at most `TITLES_PER_PROCESS` each, so one process cannot flood the
+//! ring that carries everyone's fork and exit).
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes,
         generated::bpf_get_current_task,
     },
     macros::{btf_tracepoint, map, tracepoint, uretprobe},
-    maps::RingBuf,
+    maps::{LruHashMap, RingBuf},
     programs::{BtfTracePointContext, RetProbeContext, TracePointContext},
 };
 use pgio_common::{
     SeriesId,
     drops::DropReason,
-    lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent},
+    lifecycle::{
+        LifecycleEvent, LifecycleKind, TITLE_BUDGET_ENTRIES, TITLES_PER_PROCESS, TitleEvent,
+    },
 };
 
 use crate::{drops, kernel_offsets::offsets, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// `tgid → titles sent` by `init_ps_display`; a process' entry goes when it forks from a
+/// tracked parent (a new incarnation of a reused pid) and when it exits.
+#[map]
+static TITLES_SENT: LruHashMap<u32, u32> = LruHashMap::with_max_entries(TITLE_BUDGET_ENTRIES, 0);
+
+/// Takes one title from `tgid`'s budget; false when it has none left.
+#[inline(always)]
+fn title_budget_take(tgid: u32) -> bool {
+    match TITLES_SENT.get_ptr_mut(tgid) {
+        Some(sent) => {
+            // SAFETY: a u32 in map memory. Threads of one process racing here can each send
+            // one more title at most: once the count is spent it only stays spent.
+            unsafe {
+                if *sent >= TITLES_PER_PROCESS {
+                    return false;
+                }
+                *sent += 1;
+            }
+            true
+        }
+        None => TITLES_SENT.insert(tgid, 1, BPF_NOEXIST as u64).is_ok(),
+    }
+}
 
 #[inline(always)]
 fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: SeriesId) {
@@ -58,6 +87,8 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     }
     let series = tracked::child_series_of(series, tgid as u32);
     tracked::set(tgid as u32, series);
+    // A new process: a reused pid does not inherit the last holder's spent title budget.
+    let _ = TITLES_SENT.remove(tgid as u32);
     emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
     0
 }
@@ -81,6 +112,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
         return 0;
     };
     tracked::set(tgid, SeriesId::UNTRACKED);
+    let _ = TITLES_SENT.remove(tgid);
     emit(LifecycleKind::Exit, tgid, 0, series);
     0
 }
@@ -89,12 +121,18 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
 /// its argv. For a provisional process (a postmaster's new child) the title is sent now, so
 /// userspace can classify it even when it exits before userspace could read /proc (a
 /// `pgbench -C` backend lives a few milliseconds). Attached per postgres binary by userspace.
+/// PostgreSQL calls it once per process: past `TITLES_PER_PROCESS`, a title is counted as
+/// `title_over_budget` and not sent (userspace reads the title from /proc anyway).
 #[uretprobe]
 pub fn init_ps_display(_ctx: RetProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     match tracked::series_of(tgid) {
         Some(series) if series.is_provisional() => {}
         _ => return 0,
+    }
+    if !title_budget_take(tgid) {
+        drops::count(DropReason::TitleOverBudget);
+        return 0;
     }
     let off = offsets();
     // SAFETY: reads of the current task's own fields through BTF offsets; failures return.

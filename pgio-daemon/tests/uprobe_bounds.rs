@@ -1,0 +1,176 @@
+//! Distinct binaries exporting `init_ps_display`, run by `nobody` as postmasters, cannot make
+//! pgio hold a uprobe (and its fds) per binary, nor keep them after the binaries are gone:
+//! - 100 binaries with `max_postgres_binaries = 20`: 15 attached (binaries not owned by root
+//!   get three quarters of the places), 85 refused and counted, the daemon's fds grow by at
+//!   most the attached binaries' links;
+//! - a root-owned binary still gets one of the 5 reserved places;
+//! - the binaries deleted and their processes killed: at the next rescans every uprobe is
+//!   detached, the gauge is 0 and the fd count is back at its baseline.
+mod common;
+mod fake_postgres;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::Daemon;
+use fake_postgres::{NOBODY, data_dir, fake_postmasters, fd_count};
+use pgio_testkit::{require_root, temp_dir, wait_until};
+
+const BINARIES: usize = 100;
+const MAX: usize = 20;
+/// Places binaries not owned by root may take.
+const UNPRIVILEGED_MAX: usize = MAX - MAX / 4;
+
+const ATTACHED: &str = "pgio_postgres_binaries_attached";
+const REFUSED: &str = "pgio_postgres_binaries_refused_total";
+const DETACHED: &str = "pgio_postgres_binaries_detached_total";
+
+/// Fake postmasters, killed when dropped.
+struct Postmasters(Vec<Child>);
+
+impl Postmasters {
+    fn start(&mut self, bin: &Path, cwd: &Path, uid: u32) {
+        let child = Command::new(bin)
+            .current_dir(cwd)
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("fake postmaster");
+        self.0.push(child);
+    }
+
+    fn kill(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.0.clear();
+    }
+}
+
+impl Drop for Postmasters {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A copy of `fake` as `<dir>/postgres` (its own inode), owned by `uid`.
+fn copy_as_postgres(fake: &Path, dir: &Path, uid: u32) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("bin dir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bin = dir.join("postgres");
+    std::fs::copy(fake, &bin).expect("copy");
+    std::os::unix::fs::chown(&bin, Some(uid), Some(uid)).expect("chown");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    bin
+}
+
+#[test]
+fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
+    if !require_root("uprobes_are_capped_and_detached_when_their_binaries_are_gone") {
+        return;
+    }
+    let tmp = temp_dir().expect("temp dir");
+    let fake = tmp.path().join("fake");
+    fake_postgres::build(&fake);
+    let data = tmp.path().join("data");
+    data_dir(&data);
+    let bins: Vec<PathBuf> = (0..BINARIES)
+        .map(|i| copy_as_postgres(&fake, &tmp.path().join(format!("bin{i}")), NOBODY))
+        .collect();
+    let root_bin = copy_as_postgres(&fake, &tmp.path().join("root-bin"), 0);
+
+    let daemon = Daemon::with_config(&format!(
+        "rescan_interval_secs = 1\nmax_postgres_binaries = {MAX}\n"
+    ))
+    .expect("daemon");
+    let pid = daemon.0.pid();
+    let before = daemon.scrape();
+    // Real PostgreSQL servers of other tests may hold places already.
+    let others = before.sum(ATTACHED, &[]) as usize;
+    let fds_before = fd_count(pid);
+    eprintln!("baseline: {fds_before} fds, {others} binaries attached");
+
+    let mut postmasters = Postmasters(Vec::new());
+    for bin in &bins {
+        postmasters.start(bin, &data, NOBODY);
+    }
+    let all_seen = wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+        fake_postmasters(&daemon.scrape()) >= BINARIES as f64
+    });
+    if !all_seen {
+        let m = daemon.scrape();
+        let seen: Vec<String> = m
+            .matching("pgio_tracked_processes", &[("app", "postgres")])
+            .map(|s| format!("{:?} {}", s.labels, s.value))
+            .collect();
+        panic!(
+            "pgio tracks {} of the {BINARIES} fake postmasters; postgres series: {seen:#?}",
+            fake_postmasters(&m)
+        );
+    }
+    // Two rescans: each tries the refused binaries again.
+    std::thread::sleep(Duration::from_millis(2500));
+    let fds_full = fd_count(pid);
+    let full = daemon.scrape();
+    let attached = full.sum(ATTACHED, &[]) as usize;
+    let refused = (full.sum(REFUSED, &[]) - before.sum(REFUSED, &[])) as usize;
+    eprintln!(
+        "{BINARIES} binaries: {fds_full} fds, {attached} attached, {refused} refused (cap {MAX}, {UNPRIVILEGED_MAX} for non-root binaries)"
+    );
+    let room = UNPRIVILEGED_MAX.saturating_sub(others);
+    // One link (perf event) per binary and program; slack for HTTP connections.
+    assert!(
+        fds_full <= fds_before + room + 4,
+        "fds {fds_before} → {fds_full} with {BINARIES} binaries, at most {room} may be attached"
+    );
+    assert_eq!(attached, others.max(UNPRIVILEGED_MAX), "binaries attached");
+    assert_eq!(refused, BINARIES - room, "binaries refused");
+
+    // Root's reserve: an installed (root-owned) binary still gets a place.
+    postmasters.start(&root_bin, &data, 0);
+    let reserved = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        daemon.scrape().sum(ATTACHED, &[]) as usize == attached + 1
+    });
+    assert!(
+        reserved,
+        "a root-owned binary got no place: {} attached",
+        daemon.scrape().sum(ATTACHED, &[])
+    );
+
+    // Deleted, then their processes gone: detached at the next rescans, fds closed.
+    for bin in bins.iter().chain([&root_bin]) {
+        std::fs::remove_file(bin).expect("rm binary");
+    }
+    postmasters.kill();
+    let detached = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        daemon.scrape().sum(ATTACHED, &[]) as usize == others
+    });
+    let after = daemon.scrape();
+    let fds_after = fd_count(pid);
+    eprintln!(
+        "gone: {fds_after} fds, {} attached, {} detached",
+        after.sum(ATTACHED, &[]),
+        after.sum(DETACHED, &[]) - before.sum(DETACHED, &[])
+    );
+    assert!(
+        detached,
+        "{} binaries still attached",
+        after.sum(ATTACHED, &[])
+    );
+    assert_eq!(
+        (after.sum(DETACHED, &[]) - before.sum(DETACHED, &[])) as usize,
+        attached + 1 - others,
+        "binaries detached"
+    );
+    assert!(
+        fds_after <= fds_before + 4,
+        "fds {fds_before} before, {fds_after} after every binary is gone"
+    );
+    daemon.stop().expect("daemon stop");
+}
