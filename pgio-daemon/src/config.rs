@@ -65,6 +65,18 @@ pub struct Config {
     pub max_postgres_binaries: usize,
     /// User rules, checked before the built-in ones.
     pub rules: Vec<RuleConfig>,
+    /// A connection that has not sent a complete request head this long after it was accepted
+    /// (or after the first byte of a later request) is closed: slow-header clients cannot hold
+    /// file descriptors.
+    pub http_header_timeout_secs: u64,
+    /// A keep-alive connection with no request for this long is closed. Longer than
+    /// Prometheus' default 1-minute scrape interval, so a scraper's connection is reused
+    /// between scrapes instead of being closed just as the next scrape starts.
+    pub http_idle_timeout_secs: u64,
+    /// Open HTTP connections at most. Past it, the one that has waited longest for a request
+    /// is closed to make room (a scraper keeps getting in); when all are busy, the new one is
+    /// closed at once. Either way `pgio_http_connections_closed_total` says so.
+    pub http_max_connections: usize,
 }
 
 /// The file as written: every field optional, and where the checked values stand, for
@@ -88,6 +100,9 @@ struct File {
     block_inflight_timeout_secs: Option<Spanned<u64>>,
     query_probes: Option<bool>,
     max_postgres_binaries: Option<usize>,
+    http_header_timeout_secs: Option<Spanned<u64>>,
+    http_idle_timeout_secs: Option<Spanned<u64>>,
+    http_max_connections: Option<Spanned<usize>>,
     #[serde(default)]
     rule: Vec<RuleConfig>,
 }
@@ -123,6 +138,9 @@ impl Default for Config {
             query_probes: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),
+            http_header_timeout_secs: 10,
+            http_idle_timeout_secs: 90,
+            http_max_connections: 128,
         }
     }
 }
@@ -220,6 +238,8 @@ impl Config {
                 "block_inflight_timeout_secs",
                 &file.block_inflight_timeout_secs,
             ),
+            ("http_header_timeout_secs", &file.http_header_timeout_secs),
+            ("http_idle_timeout_secs", &file.http_idle_timeout_secs),
         ] {
             if let Some(s) = secs
                 && *s.get_ref() == 0
@@ -244,6 +264,14 @@ impl Config {
                     ),
                 ));
             }
+        }
+        if let Some(n) = &file.http_max_connections
+            && *n.get_ref() == 0
+        {
+            return Err(invalid(
+                n.span().start,
+                "http_max_connections must be at least 1".into(),
+            ));
         }
         let default = Config::default();
         let or = |v: &Option<Spanned<u64>>, d: u64| v.as_ref().map_or(d, |v| *v.get_ref());
@@ -276,6 +304,15 @@ impl Config {
                 .max_postgres_binaries
                 .unwrap_or(default.max_postgres_binaries),
             rules: file.rule,
+            http_header_timeout_secs: file
+                .http_header_timeout_secs
+                .map_or(default.http_header_timeout_secs, Spanned::into_inner),
+            http_idle_timeout_secs: file
+                .http_idle_timeout_secs
+                .map_or(default.http_idle_timeout_secs, Spanned::into_inner),
+            http_max_connections: file
+                .http_max_connections
+                .map_or(default.http_max_connections, Spanned::into_inner),
         })
     }
 
@@ -306,6 +343,14 @@ impl Config {
 
     pub fn block_inflight_timeout(&self) -> Duration {
         Duration::from_secs(self.block_inflight_timeout_secs)
+    }
+
+    pub fn http_header_timeout(&self) -> Duration {
+        Duration::from_secs(self.http_header_timeout_secs)
+    }
+
+    pub fn http_idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.http_idle_timeout_secs)
     }
 
     pub fn rescan_interval(&self) -> Duration {
@@ -486,6 +531,40 @@ mod tests {
             msg,
             "c.toml:2: block_inflight_timeout_secs must be at least 1"
         );
+    }
+
+    #[test]
+    fn http_limits_default_set_and_zero_refused() {
+        let c = Config::default();
+        assert_eq!(c.http_header_timeout(), Duration::from_secs(10));
+        assert_eq!(c.http_idle_timeout(), Duration::from_secs(90));
+        assert_eq!(c.http_max_connections, 128);
+        let c = Config::parse(
+            "http_header_timeout_secs = 1\nhttp_idle_timeout_secs = 2\nhttp_max_connections = 8\n",
+            "c.toml",
+        )
+        .expect("valid");
+        assert_eq!(c.http_header_timeout(), Duration::from_secs(1));
+        assert_eq!(c.http_idle_timeout(), Duration::from_secs(2));
+        assert_eq!(c.http_max_connections, 8);
+        for (text, want) in [
+            (
+                "\nhttp_header_timeout_secs = 0\n",
+                "c.toml:2: http_header_timeout_secs must be at least 1",
+            ),
+            (
+                "http_idle_timeout_secs = 0\n",
+                "c.toml:1: http_idle_timeout_secs must be at least 1",
+            ),
+            (
+                "\n\nhttp_max_connections = 0\n",
+                "c.toml:3: http_max_connections must be at least 1",
+            ),
+            ("http_max_connections = -1\n", "c.toml:1: "),
+        ] {
+            let msg = Config::parse(text, "c.toml").expect_err(text).to_string();
+            assert!(msg.starts_with(want), "{text:?}: {msg}");
+        }
     }
 
     #[test]

@@ -9,20 +9,32 @@ use axum::{
     routing::get,
 };
 
-use crate::{collector::Collector, exposition::Format};
+use crate::{collector::Collector, exposition::Format, health::Health};
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const PROTOBUF: &str =
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
-pub fn router(collector: Arc<Collector>) -> Router {
+pub fn router(collector: Arc<Collector>, health: Arc<Health>) -> Router {
     Router::new()
         .route(
             "/metrics",
             get(move |headers: HeaderMap| metrics(collector.clone(), headers)),
         )
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(move || healthz(health.clone())))
+}
+
+/// 200 while pgio can read /proc and its maps; else 503 with the reason on one line.
+async fn healthz(health: Arc<Health>) -> Response {
+    match health.check() {
+        Ok(()) => "ok\n".into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", reason.replace('\n', " ")),
+        )
+            .into_response(),
+    }
 }
 
 /// The format of the media range with the highest `q` (the first on a tie) among those pgio

@@ -18,8 +18,11 @@ use pgio_daemon::{
     device_info::DeviceInfo,
     devices::Devices,
     discovery::Discovery,
-    http, lifecycle, probes, query,
-    self_metrics::{self, SelfMetrics},
+    health::Health,
+    http,
+    http_server::{self, HttpStats},
+    lifecycle, privileges, probes, query,
+    self_metrics::{self, HttpSelfMetrics, SelfMetrics},
     series::{KernelSeries, SharedTracked, Tracked},
     syscall, tracefs,
     tracked_processes::TrackedProcesses,
@@ -100,6 +103,17 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            // Everything that needs root happens on this one thread; capabilities are per
+            // thread, so the runtime's and the other threads start only after the drop.
+            let started = match start(config, listen) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Once, plainly: the log goes to stderr too.
+                    eprintln!("pgio-daemon: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            privileges::drop_unneeded();
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -111,10 +125,9 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(run(config, listen)) {
+            match rt.block_on(serve(started)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    // Once, plainly: the log goes to stderr too.
                     eprintln!("pgio-daemon: {e:#}");
                     ExitCode::FAILURE
                 }
@@ -201,18 +214,43 @@ fn raise_memlock() {
     }
 }
 
-async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()> {
+/// What `start` set up with all of pgio's privileges, for `serve` to run with fewer.
+struct Started {
+    config: Config,
+    listener: std::net::TcpListener,
+    ebpf: Arc<Mutex<aya::Ebpf>>,
+    collector: Arc<Collector>,
+    discovery: Discovery,
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+    health: Arc<Health>,
+    http_stats: Arc<HttpStats>,
+    /// Keeps `kernel.bpf_stats_enabled` on while pgio runs.
+    _bpf_stats: Option<std::os::fd::OwnedFd>,
+}
+
+fn start(config: Config, listen: Option<std::net::SocketAddr>) -> Result<Started> {
     require_privileges()?;
     let listen = listen.unwrap_or(config.listen);
     // Bind before loading anything: a port in use is the most common start failure.
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
+    let listener = std::net::TcpListener::bind(listen)
         .with_context(|| format!("cannot listen on {listen}"))?;
+    listener
+        .set_nonblocking(true)
+        .context("listening socket non-blocking")?;
+    match privileges::raise_nofile() {
+        Ok((soft, hard)) => info!(
+            soft,
+            hard,
+            http_max_connections = config.http_max_connections,
+            "open files limit"
+        ),
+        Err(e) => warn!("cannot raise the open files limit: {e}"),
+    }
     let tracefs = tracefs::ensure_mounted()?;
     info!(tracefs = %tracefs.display(), "tracefs");
     raise_memlock();
 
-    let _stats = if config.bpf_stats {
+    let bpf_stats = if config.bpf_stats {
         Some(
             aya::sys::enable_stats(aya::sys::Stats::RunTime)
                 .context("enabling BPF run-time stats")?,
@@ -223,6 +261,8 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     let probes::Probes { mut ebpf, status } = probes::load_and_attach(config.query_probes)?;
     let kernel_series = KernelSeries::take(&mut ebpf)?;
     let ring = lifecycle::take_ring(&mut ebpf)?;
+    let health = Arc::new(Health::new(&ebpf, self_metrics::DROPS_MAP).context("health probe")?);
+    let http_stats = Arc::new(HttpStats::default());
     let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(config.series_limits())));
     // One registration per source; families are encoded in this order (device info last:
     // it lists the devices the others saw).
@@ -241,6 +281,7 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
         status,
         postgres_probe_stats.clone(),
     )?);
+    collector.register(HttpSelfMetrics(http_stats.clone()));
     let collector = Arc::new(collector);
 
     if let Some(pods) = config.pods() {
@@ -275,7 +316,32 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     // Nothing was tracked before: no process can be missing.
     let _gone = discovery.scan_all()?;
     info!(tracked = discovery.tracked(), "initial /proc scan done");
+    Ok(Started {
+        config,
+        listener,
+        ebpf,
+        collector,
+        discovery,
+        ring,
+        health,
+        http_stats,
+        _bpf_stats: bpf_stats,
+    })
+}
 
+async fn serve(started: Started) -> Result<()> {
+    let Started {
+        config,
+        listener,
+        ebpf,
+        collector,
+        discovery,
+        ring,
+        health,
+        http_stats,
+        _bpf_stats,
+    } = started;
+    let listener = tokio::net::TcpListener::from_std(listener).context("listening socket")?;
     let fold = collector.clone();
     std::thread::Builder::new()
         .name("fold-provisional".into())
@@ -284,12 +350,28 @@ async fn run(config: Config, listen: Option<std::net::SocketAddr>) -> Result<()>
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
 
     // The bound address: with port 0 the kernel picked one.
-    let bound = listener.local_addr().unwrap_or(listen);
-    info!(listen = %bound, "serving /metrics");
-    let server =
-        axum::serve(listener, http::router(collector)).with_graceful_shutdown(shutdown_signal());
+    let bound = listener.local_addr().context("listening socket")?;
+    let limits = http_server::Limits {
+        header_timeout: config.http_header_timeout(),
+        idle_timeout: config.http_idle_timeout(),
+        max_connections: config.http_max_connections,
+    };
+    info!(
+        listen = %bound,
+        header_timeout = ?limits.header_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        max_connections = limits.max_connections,
+        "serving /metrics"
+    );
+    let server = http_server::serve(
+        listener,
+        http::router(collector, health),
+        limits,
+        http_stats,
+        shutdown_signal(),
+    );
     tokio::select! {
-        r = server => r.context("HTTP server")?,
+        () = server => {}
         r = discovery_task => {
             r.context("discovery task panicked")?.context("discovery")?;
         }
