@@ -26,5 +26,10 @@ fn deploy_config_is_accepted_and_holds_the_defaults() {
         d.block_inflight_timeout_secs
     );
     assert_eq!(shipped.query_probes, d.query_probes);
+    assert_eq!(shipped.series_limits(), d.series_limits());
+    assert_eq!(shipped.max_postgres_binaries, d.max_postgres_binaries);
+    assert_eq!(shipped.http_header_timeout_secs, d.http_header_timeout_secs);
+    assert_eq!(shipped.http_idle_timeout_secs, d.http_idle_timeout_secs);
+    assert_eq!(shipped.http_max_connections, d.http_max_connections);
     assert!(shipped.rules.is_empty(), "no rules by default");
 }

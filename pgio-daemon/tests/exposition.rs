@@ -102,6 +102,9 @@ fn golden_readings() -> Readings {
         ..Labels::app_role("longhorn", "replica")
     });
     let kw = t.registry.intern(Labels::app_role("kernel", "kworker"));
+    t.registry.refused.insert("postgres".into(), 7);
+    t.registry.truncated_total = 2;
+    t.kernel_map_errors = 1;
     for (pid, s) in [
         (100, pg),
         (101, pg),
@@ -236,7 +239,16 @@ fn families(text: &str) -> Vec<String> {
 }
 
 /// Families newer than `golden/`, with their last sample in `golden_readings`.
-const NEWER_FAMILIES: [(&str, &str); 7] = [
+const NEWER_FAMILIES: [(&str, &str); 10] = [
+    (
+        "pgio_series_refused",
+        r#"pgio_series_refused_total{app="postgres"} 7"#,
+    ),
+    (
+        "pgio_label_values_truncated",
+        "pgio_label_values_truncated_total 2",
+    ),
+    ("pgio_kernel_map_errors", "pgio_kernel_map_errors_total 1"),
     ("pgio_series", "pgio_series 5"),
     ("pgio_series_retired", "pgio_series_retired_total 0"),
     (
