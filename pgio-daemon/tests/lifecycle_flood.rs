@@ -9,12 +9,11 @@ mod fake_postgres;
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Daemon, delta};
-use fake_postgres::{NOBODY, data_dir, fake_postmasters};
+use fake_postgres::{NOBODY, copy_as, data_dir, fake_postmasters};
 use pgio_testkit::{require_root, temp_dir, wait_until};
 
 const DROPPED: &str = "pgio_events_dropped_total";
@@ -26,16 +25,6 @@ const FLOOD_SECS: f64 = 1.5;
 /// Forks of the tracked process meanwhile.
 const CHURN: u32 = 5_000;
 
-fn copy_as(fake: &Path, dir: &Path, name: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).expect("dir");
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let bin = dir.join(name);
-    std::fs::copy(fake, &bin).expect("copy");
-    std::os::unix::fs::chown(&bin, Some(NOBODY), Some(NOBODY)).expect("chown");
-    bin
-}
-
 #[test]
 fn titles_in_a_loop_neither_fill_the_ring_nor_hide_forks_and_exits() {
     if !require_root("titles_in_a_loop_neither_fill_the_ring_nor_hide_forks_and_exits") {
@@ -46,8 +35,8 @@ fn titles_in_a_loop_neither_fill_the_ring_nor_hide_forks_and_exits() {
     fake_postgres::build(&fake);
     let data = tmp.path().join("data");
     data_dir(&data);
-    let postgres = copy_as(&fake, &tmp.path().join("pg"), "postgres");
-    let churn = copy_as(&fake, &tmp.path().join("churn"), "pgio-churn");
+    let postgres = copy_as(&fake, &tmp.path().join("pg"), "postgres", NOBODY);
+    let churn = copy_as(&fake, &tmp.path().join("churn"), "pgio-churn", NOBODY);
 
     let daemon = Daemon::with_config(
         "rescan_interval_secs = 1\n\

@@ -9,14 +9,13 @@
 mod common;
 mod fake_postgres;
 
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::Daemon;
-use fake_postgres::{NOBODY, data_dir, fake_postmasters, fd_count};
+use fake_postgres::{NOBODY, copy_as, data_dir, fake_postmasters, fd_count};
 use pgio_testkit::{require_root, temp_dir, wait_until};
 
 const BINARIES: usize = 100;
@@ -59,17 +58,6 @@ impl Drop for Postmasters {
     }
 }
 
-/// A copy of `fake` as `<dir>/postgres` (its own inode), owned by `uid`.
-fn copy_as_postgres(fake: &Path, dir: &Path, uid: u32) -> PathBuf {
-    std::fs::create_dir_all(dir).expect("bin dir");
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let bin = dir.join("postgres");
-    std::fs::copy(fake, &bin).expect("copy");
-    std::os::unix::fs::chown(&bin, Some(uid), Some(uid)).expect("chown");
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    bin
-}
-
 #[test]
 fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
     if !require_root("uprobes_are_capped_and_detached_when_their_binaries_are_gone") {
@@ -81,9 +69,16 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
     let data = tmp.path().join("data");
     data_dir(&data);
     let bins: Vec<PathBuf> = (0..BINARIES)
-        .map(|i| copy_as_postgres(&fake, &tmp.path().join(format!("bin{i}")), NOBODY))
+        .map(|i| {
+            copy_as(
+                &fake,
+                &tmp.path().join(format!("bin{i}")),
+                "postgres",
+                NOBODY,
+            )
+        })
         .collect();
-    let root_bin = copy_as_postgres(&fake, &tmp.path().join("root-bin"), 0);
+    let root_bin = copy_as(&fake, &tmp.path().join("root-bin"), "postgres", 0);
 
     let daemon = Daemon::with_config(&format!(
         "rescan_interval_secs = 1\nmax_postgres_binaries = {MAX}\n"

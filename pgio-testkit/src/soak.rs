@@ -191,28 +191,23 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         &[("FAKE_FILE", &file), ("FAKE_READS", "10")],
     )?;
     replica.go_and_wait(1)?;
-    let mut fifo_backend = Fake::start(
-        &postgres,
-        "postgres",
-        &["-D", "fifo", &" ".repeat(100)],
-        &fifo_dir,
-        &[
-            ("FAKE_CHILDREN", "1"),
-            ("FAKE_TITLE", "postgres: u one db one [local] idle"),
-        ],
-    )?;
-    fifo_backend.wait_done(1)?;
-    let mut link_backend = Fake::start(
-        &postgres,
-        "postgres",
-        &["-D", "links", &" ".repeat(100)],
-        &link_dir,
-        &[
-            ("FAKE_CHILDREN", "1"),
-            ("FAKE_TITLE", "postgres: u one db one [local] idle"),
-        ],
-    )?;
-    link_backend.wait_done(1)?;
+    // Names with spaces: pgio reads these made-up clusters' catalogs.
+    let catalog_reader = |dir: &Path| -> Result<Fake> {
+        let mut f = Fake::start(
+            &postgres,
+            "postgres",
+            &["-D", "data", &" ".repeat(100)],
+            dir,
+            &[
+                ("FAKE_CHILDREN", "1"),
+                ("FAKE_TITLE", "postgres: u one db one [local] idle"),
+            ],
+        )?;
+        f.wait_done(1)?;
+        Ok(f)
+    };
+    let mut fifo_backend = catalog_reader(&fifo_dir)?;
+    let mut link_backend = catalog_reader(&link_dir)?;
     let impostor_title = format!("postgres: {cluster}: postgres postgres [local] idle");
     let mut failures = Vec::new();
     let mut slow: Vec<TcpStream> = Vec::new();

@@ -34,6 +34,18 @@ pub fn data_dir(dir: &Path) {
     }
 }
 
+/// A copy of `fake` as `<dir>/<name>` (its own inode, so its own binary to pgio), owned by
+/// `uid`, in a directory anyone may enter.
+pub fn copy_as(fake: &Path, dir: &Path, name: &str, uid: u32) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).expect("dir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bin = dir.join(name);
+    std::fs::copy(fake, &bin).expect("copy");
+    std::os::unix::fs::chown(&bin, Some(uid), Some(uid)).expect("chown");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    bin
+}
+
 /// Open fds of process `pid`.
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
