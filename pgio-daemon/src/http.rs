@@ -1,28 +1,71 @@
 //! `/metrics` in the format the scraper's Accept header prefers (Prometheus text by default,
 //! OpenMetrics, or protobuf with native histograms), and `/healthz`.
+//!
+//! With basic auth configured, `/metrics` (and any other path but `/healthz`) needs
+//! credentials. `/healthz` stays open: it is the kubelet's liveness and readiness probe, which
+//! cannot send a password it does not have, and it tells no more than "ok" or why pgio is
+//! unwell.
 use std::sync::Arc;
 
 use axum::{
     Router,
+    extract::{Request, State},
     http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::get,
 };
 
-use crate::{collector::Collector, exposition::Format, health::Health};
+use crate::{
+    collector::Collector,
+    exposition::Format,
+    health::Health,
+    web_config::{BasicAuth, Verdict},
+};
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const PROTOBUF: &str =
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
-pub fn router(collector: Arc<Collector>, health: Arc<Health>) -> Router {
-    Router::new()
-        .route(
-            "/metrics",
-            get(move |headers: HeaderMap| metrics(collector.clone(), headers)),
+pub fn router(
+    collector: Arc<Collector>,
+    health: Arc<Health>,
+    auth: Option<Arc<BasicAuth>>,
+) -> Router {
+    let router = Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| metrics(collector.clone(), headers)),
+    );
+    let router = match auth {
+        // `layer`, not `route_layer`: unknown paths (the fallback) need credentials too.
+        Some(auth) => router.layer(middleware::from_fn_with_state(auth, require_auth)),
+        None => router,
+    };
+    // Added after the layer: not behind it.
+    router.route("/healthz", get(move || healthz(health.clone())))
+}
+
+async fn require_auth(State(auth): State<Arc<BasicAuth>>, req: Request, next: Next) -> Response {
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    match auth.check(authorization).await {
+        Verdict::Allowed => next.run(req).await,
+        Verdict::Missing | Verdict::Wrong => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Basic realm=\"pgio\"")],
+            "Unauthorized\n",
         )
-        .route("/healthz", get(move || healthz(health.clone())))
+            .into_response(),
+        Verdict::Busy => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            "too many password checks in progress, retry\n",
+        )
+            .into_response(),
+    }
 }
 
 /// 200 while pgio can read /proc and its maps; else 503 with the reason on one line.

@@ -9,6 +9,9 @@
 //! - Cap: at `max_connections`, the connection that has waited longest for a request is closed
 //!   to make room (evicted); when every one is busy with a request, the new one is closed at
 //!   once (rejected). Open connections stay within `max_connections` + 1 at any moment.
+//! - TLS (optional): the handshake is part of the request head. It must be done within
+//!   `header_timeout` of the accept, and a connection in its handshake counts against the cap
+//!   and can be evicted like one waiting for its first request.
 use std::{
     collections::HashMap,
     io,
@@ -31,6 +34,7 @@ use tokio::{
     task::JoinSet,
     time::Instant,
 };
+use tokio_rustls::{TlsAcceptor, rustls::ServerConfig};
 use tower_service::Service as _;
 use tracing::{debug, info, warn};
 
@@ -56,6 +60,8 @@ pub struct HttpStats {
     pub idle_timeouts: AtomicU64,
     /// `accept` failed (e.g. out of file descriptors).
     pub accept_errors: AtomicU64,
+    /// The TLS handshake failed (a time-out counts as `header_timeouts`).
+    pub tls_handshake_failures: AtomicU64,
 }
 
 impl HttpStats {
@@ -206,15 +212,17 @@ impl Registry {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` completes; then requests in progress get
-/// `SHUTDOWN_GRACE` to finish.
+/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown` completes; then
+/// requests in progress get `SHUTDOWN_GRACE` to finish.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
     router: Router,
     limits: Limits,
     stats: Arc<HttpStats>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let tls = tls.map(TlsAcceptor::from);
     let clock = Instant::now();
     let registry = Arc::new(Mutex::new(Registry {
         next_id: 0,
@@ -272,6 +280,7 @@ pub async fn serve(
         };
         tasks.spawn(serve_connection(
             stream,
+            tls.clone(),
             conn,
             router.clone(),
             builder.clone(),
@@ -317,6 +326,44 @@ impl Drop for Deregister {
 #[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    conn: Arc<Conn>,
+    router: Router,
+    builder: http1::Builder,
+    limits: Limits,
+    stats: Arc<HttpStats>,
+    mut stop: watch::Receiver<bool>,
+    done: Deregister,
+) {
+    let Some(tls) = tls else {
+        return serve_http(stream, conn, router, builder, limits, stats, stop, done).await;
+    };
+    // `Conn::deadline` would give a fresh connection the same time: accept + header time-out.
+    let deadline = Instant::now() + limits.header_timeout;
+    let handshake = tokio::select! {
+        r = tokio::time::timeout_at(deadline, tls.accept(stream)) => r,
+        _ = conn.close.notified() => return,
+        _ = stop.changed() => return,
+    };
+    match handshake {
+        Ok(Ok(stream)) => {
+            serve_http(stream, conn, router, builder, limits, stats, stop, done).await
+        }
+        Ok(Err(e)) => {
+            debug!("TLS handshake failed: {e}");
+            HttpStats::add(&stats.tls_handshake_failures);
+        }
+        Err(_) => {
+            debug!(why = ?Expiry::Header, "HTTP connection timed out in the TLS handshake");
+            HttpStats::add(&stats.header_timeouts);
+        }
+    }
+}
+
+/// The requests of one connection (plain, or TLS once the handshake is done).
+#[allow(clippy::too_many_arguments)]
+async fn serve_http<S>(
+    stream: S,
     conn: Arc<Conn>,
     router: Router,
     builder: http1::Builder,
@@ -324,7 +371,9 @@ async fn serve_connection(
     stats: Arc<HttpStats>,
     mut stop: watch::Receiver<bool>,
     _done: Deregister,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(Watched {
         inner: stream,
         conn: conn.clone(),
@@ -389,13 +438,14 @@ impl Drop for RequestGuard {
     }
 }
 
-/// The connection's socket, telling `Conn` when request bytes arrive.
-struct Watched {
-    inner: TcpStream,
+/// The connection's socket (or its TLS stream: plaintext bytes), telling `Conn` when request
+/// bytes arrive.
+struct Watched<S> {
+    inner: S,
     conn: Arc<Conn>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -410,7 +460,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

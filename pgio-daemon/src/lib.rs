@@ -38,6 +38,7 @@ pub mod syscall;
 pub mod top;
 pub mod tracefs;
 pub mod tracked_processes;
+pub mod web_config;
 
 /// A panic while holding one of pgio's locks leaves plain data that is still consistent
 /// enough to read: carry on rather than poison every later scrape.

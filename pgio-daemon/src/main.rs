@@ -26,6 +26,7 @@ use pgio_daemon::{
     series::{KernelSeries, SharedTracked, Tracked},
     syscall, tracefs,
     tracked_processes::TrackedProcesses,
+    web_config::{WebConfig, WebSelfMetrics},
 };
 
 #[derive(Parser)]
@@ -48,6 +49,9 @@ enum Command {
         /// Config file (TOML); without it, built-in defaults.
         #[arg(long, env = "PGIO_CONFIG")]
         config: Option<PathBuf>,
+        /// TLS and basic auth for /metrics (YAML, Prometheus exporter-toolkit format).
+        #[arg(long, env = "PGIO_WEB_CONFIG_FILE")]
+        web_config_file: Option<PathBuf>,
         /// Log level or tracing filter (error, warn, info, debug, trace).
         #[arg(long, env = "PGIO_LOG", default_value = "info")]
         log_level: String,
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         Command::Run {
             listen,
             config,
+            web_config_file,
             log_level,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_new(&log_level)
@@ -103,9 +108,21 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            // Read now, with all of root's capabilities: the key file may be root's only.
+            let web = match web_config_file
+                .as_deref()
+                .map(WebConfig::load)
+                .unwrap_or_else(|| Ok(WebConfig::default()))
+            {
+                Ok(w) => w,
+                Err(e) => {
+                    eprintln!("pgio-daemon: invalid web config: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             // Everything that needs root happens on this one thread; capabilities are per
             // thread, so the runtime's and the other threads start only after the drop.
-            let started = match start(config, listen) {
+            let started = match start(config, web, listen) {
                 Ok(s) => s,
                 Err(e) => {
                     // Once, plainly: the log goes to stderr too.
@@ -224,11 +241,12 @@ struct Started {
     ring: aya::maps::RingBuf<aya::maps::MapData>,
     health: Arc<Health>,
     http_stats: Arc<HttpStats>,
+    web: WebConfig,
     /// Keeps `kernel.bpf_stats_enabled` on while pgio runs.
     _bpf_stats: Option<std::os::fd::OwnedFd>,
 }
 
-fn start(config: Config, listen: Option<std::net::SocketAddr>) -> Result<Started> {
+fn start(config: Config, web: WebConfig, listen: Option<std::net::SocketAddr>) -> Result<Started> {
     require_privileges()?;
     let listen = listen.unwrap_or(config.listen);
     // Bind before loading anything: a port in use is the most common start failure.
@@ -282,6 +300,13 @@ fn start(config: Config, listen: Option<std::net::SocketAddr>) -> Result<Started
         postgres_probe_stats.clone(),
     )?);
     collector.register(HttpSelfMetrics(http_stats.clone()));
+    if !web.is_plain() {
+        collector.register(WebSelfMetrics {
+            http: http_stats.clone(),
+            tls: web.tls.is_some(),
+            auth: web.auth.clone(),
+        });
+    }
     let collector = Arc::new(collector);
 
     if let Some(pods) = config.pods() {
@@ -325,6 +350,7 @@ fn start(config: Config, listen: Option<std::net::SocketAddr>) -> Result<Started
         ring,
         health,
         http_stats,
+        web,
         _bpf_stats: bpf_stats,
     })
 }
@@ -339,6 +365,7 @@ async fn serve(started: Started) -> Result<()> {
         ring,
         health,
         http_stats,
+        web,
         _bpf_stats,
     } = started;
     let listener = tokio::net::TcpListener::from_std(listener).context("listening socket")?;
@@ -361,11 +388,17 @@ async fn serve(started: Started) -> Result<()> {
         header_timeout = ?limits.header_timeout,
         idle_timeout = ?limits.idle_timeout,
         max_connections = limits.max_connections,
+        tls = web.tls.is_some(),
+        basic_auth_users = web.auth.as_ref().map_or(0, |a| a.users()),
         "serving /metrics"
     );
+    if web.auth.is_some() && web.tls.is_none() {
+        warn!("basic auth without TLS: passwords cross the network in clear text");
+    }
     let server = http_server::serve(
         listener,
-        http::router(collector, health),
+        web.tls,
+        http::router(collector, health, web.auth),
         limits,
         http_stats,
         shutdown_signal(),
