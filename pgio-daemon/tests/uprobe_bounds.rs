@@ -127,8 +127,9 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
     assert_eq!(attached, others.max(UNPRIVILEGED_MAX), "binaries attached");
     assert_eq!(refused, BINARIES - room, "binaries refused");
 
-    // Root's reserve: an installed (root-owned) binary still gets a place.
-    postmasters.start(&root_bin, &data, 0);
+    // Root's reserve: an installed (root-owned) binary still gets a place. Run, like an
+    // installed PostgreSQL, by the owner of its data directory (pgio trusts no other).
+    postmasters.start(&root_bin, &data, NOBODY);
     let reserved = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
         daemon.scrape().sum(ATTACHED, &[]) as usize == attached + 1
     });
