@@ -150,7 +150,18 @@ fn once_json_counts_equal_the_metrics_deltas_of_its_interval() {
         device["count"]
     );
     assert_eq!(device["count"].as_f64(), Some(text));
-    assert!(text >= READS as f64 * 0.99, "{text}");
+    // The kernel skips a completion program now and then (issue 13: up to ~1 % under load);
+    // pgio counts those lost 1 s after their issue, on the same device and app.
+    std::thread::sleep(Duration::from_millis(1500));
+    let lost = delta(
+        &before,
+        &daemon.scrape(),
+        "pgio_block_io_lost_completions_total",
+        &sel,
+    );
+    eprintln!("{} reads lost: {lost}", lo.name());
+    assert!(text + lost >= READS as f64 * 0.99, "{text} + {lost} lost");
+    assert!(lost <= READS as f64 * 0.02, "{lost} lost");
     assert_eq!(
         json_buckets(device),
         text_buckets(&before, &after, "pgio_block_io_device_seconds", &sel)
