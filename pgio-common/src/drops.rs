@@ -26,9 +26,12 @@ pub enum DropReason {
     /// lifecycle ring. Userspace still reads the title from /proc (its scheduled looks, the
     /// rescan).
     TitleOverBudget = 6,
+    /// An event needed a new histogram key and its series' owner had used up its share of the
+    /// map (`key_quota`): the event was not counted.
+    HistOverShare = 7,
 }
 
-pub const DROP_REASONS: usize = 7;
+pub const DROP_REASONS: usize = 8;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -39,6 +42,7 @@ impl DropReason {
         DropReason::IssueMissed,
         DropReason::DeviceUnreadable,
         DropReason::TitleOverBudget,
+        DropReason::HistOverShare,
     ];
 
     pub const fn reason(self) -> &'static str {
@@ -50,6 +54,7 @@ impl DropReason {
             DropReason::IssueMissed => "block_rq_issue_missed",
             DropReason::DeviceUnreadable => "block_device_unreadable",
             DropReason::TitleOverBudget => "title_over_budget",
+            DropReason::HistOverShare => "hist_over_share",
         }
     }
 }

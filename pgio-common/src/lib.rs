@@ -9,6 +9,7 @@ pub mod block_io;
 pub mod drops;
 pub mod hist;
 pub mod kernel_offsets;
+pub mod key_quota;
 pub mod lifecycle;
 pub mod query;
 pub mod syscall;

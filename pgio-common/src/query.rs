@@ -34,7 +34,7 @@ impl QueryMetric {
 
 /// Key of `QUERY_HIST`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QueryKey {
     pub series: SeriesId,
     pub metric: u8,

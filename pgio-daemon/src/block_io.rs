@@ -1,7 +1,10 @@
 //! Userspace side of the block probes: reads `BLOCK_IO_HIST` at scrape time and writes the
 //! `pgio_block_io_*` families; sweeps `BLOCK_IO_INFLIGHT` for requests whose completion never
 //! came (counted lost, so none is dropped in silence).
-use std::{sync::Mutex, time::Duration};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::Result;
 use aya::{
@@ -12,19 +15,21 @@ use pgio_common::{
     SeriesId,
     block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp},
     hist::Bucket,
+    key_quota::HistMap,
 };
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
+    key_quota::Balanced,
     labels::BlockLabels,
     lock,
     maps::take_map,
     provisional::Provisional,
 };
 
-const HIST_MAP: &str = "BLOCK_IO_HIST";
+pub const HIST_MAP: &str = "BLOCK_IO_HIST";
 const INFLIGHT_MAP: &str = "BLOCK_IO_INFLIGHT";
 
 /// One block histogram: a submitter series' requests on a device, by op.
@@ -63,16 +68,27 @@ impl HistKey for BlockIoKey {
 }
 
 pub struct BlockIo {
-    reader: HistReader<BlockIoKey>,
+    reader: Arc<HistReader<BlockIoKey>>,
     inflight: Mutex<HashMap<MapData, u64, BlockIoInflight>>,
     timeout: Duration,
 }
 
 impl BlockIo {
-    /// `timeout`: how long a request may be in flight before its completion counts as lost.
-    pub fn take(ebpf: &mut Ebpf, timeout: Duration) -> Result<BlockIo> {
+    /// The histogram map, for `key_quota`.
+    pub fn balanced(&self) -> Arc<dyn Balanced> {
+        self.reader.clone()
+    }
+
+    /// `timeout`: how long a request may be in flight before its completion counts as lost;
+    /// `max_entries`: the histogram map's size as loaded.
+    pub fn take(ebpf: &mut Ebpf, timeout: Duration, max_entries: u32) -> Result<BlockIo> {
         Ok(BlockIo {
-            reader: HistReader::take(ebpf, HIST_MAP)?,
+            reader: Arc::new(HistReader::take(
+                ebpf,
+                HIST_MAP,
+                HistMap::BlockIo,
+                max_entries,
+            )?),
             inflight: Mutex::new(take_map(ebpf, INFLIGHT_MAP)?),
             timeout,
         })

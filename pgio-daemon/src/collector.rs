@@ -17,6 +17,7 @@ use tracing::warn;
 use crate::{
     devices::Devices,
     exposition::{Encoder, Format},
+    key_quota::KeyQuota,
     labels::Labels,
     lock,
     provisional::Provisional,
@@ -74,6 +75,8 @@ pub struct Collector {
     pass: Mutex<()>,
     devices: Mutex<Devices>,
     sources: Vec<Box<dyn Source>>,
+    /// Shares of the histogram maps, balanced once a second.
+    key_quota: Option<Arc<KeyQuota>>,
     /// Size of the last exposition: the next one is written without reallocating.
     last_len: AtomicUsize,
 }
@@ -85,12 +88,17 @@ impl Collector {
             pass: Mutex::new(()),
             devices: Mutex::new(devices),
             sources: Vec::new(),
+            key_quota: None,
             last_len: AtomicUsize::new(64 * 1024),
         }
     }
 
     pub fn register(&mut self, source: impl Source + 'static) {
         self.sources.push(Box::new(source));
+    }
+
+    pub fn set_key_quota(&mut self, quota: Arc<KeyQuota>) {
+        self.key_quota = Some(quota);
     }
 
     /// /metrics in `format`.
@@ -118,27 +126,36 @@ impl Collector {
         out
     }
 
-    /// Moves the events of processes classified since the last pass out of their provisional
-    /// kernel keys, once a second while there are any. Waiting for the next scrape would let
-    /// them pile up: under heavy connection churn (a thousand new backends a second, a 30 s
-    /// scrape interval) they could fill the histogram maps.
+    /// Once a second: moves the events of processes classified since the last pass out of
+    /// their provisional kernel keys (waiting for the next scrape would let them pile up:
+    /// under heavy connection churn, a thousand new backends a second and a 30 s scrape
+    /// interval, they could fill the histogram maps), then balances the maps' shares.
     pub fn fold_provisional(self: Arc<Collector>) {
         loop {
             std::thread::sleep(Duration::from_secs(1));
             let _pass = lock(&self.pass);
-            let routes = {
-                let mut t = lock(&self.tracked);
-                if !t.provisional.take_closed_since_fold() && t.provisional.retired.is_empty() {
-                    continue;
-                }
-                t.provisional.clone()
-            };
-            for s in &self.sources {
-                if let Err(e) = s.fold(&routes) {
-                    warn!(error = format!("{e:#}"), "folding provisional series");
-                }
+            self.fold();
+            if let Some(q) = &self.key_quota
+                && let Err(e) = q.balance()
+            {
+                warn!(error = format!("{e:#}"), "balancing the histogram maps");
             }
-            lock(&self.tracked).free_retired(&routes.retired);
         }
+    }
+
+    fn fold(&self) {
+        let routes = {
+            let mut t = lock(&self.tracked);
+            if !t.provisional.take_closed_since_fold() && t.provisional.retired.is_empty() {
+                return;
+            }
+            t.provisional.clone()
+        };
+        for s in &self.sources {
+            if let Err(e) = s.fold(&routes) {
+                warn!(error = format!("{e:#}"), "folding provisional series");
+            }
+        }
+        lock(&self.tracked).free_retired(&routes.retired);
     }
 }

@@ -50,6 +50,11 @@ pub struct Config {
     pub max_series_per_app: u64,
     pub max_series_per_group: u64,
     pub max_label_len: u64,
+    /// Keys of the block and syscall histogram maps (the query map gets a quarter). Each key
+    /// holds 24 bytes per possible CPU, allocated at start: 65,536 keys are 1.5 MiB per CPU
+    /// per map. No owner (uid) may hold more than its share of a map while others need keys
+    /// (see `key_quota`).
+    pub hist_map_max_entries: u64,
     /// A block request issued this long ago whose completion pgio has not seen is counted in
     /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
@@ -79,6 +84,14 @@ pub struct Config {
     pub http_max_connections: usize,
 }
 
+/// Keys of each histogram map (`hist_map_max_entries`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistMapSizes {
+    pub block_io: u32,
+    pub syscall: u32,
+    pub query: u32,
+}
+
 /// The file as written: every field optional, and where the checked values stand, for
 /// `file:line:` errors.
 #[derive(Deserialize)]
@@ -97,6 +110,7 @@ struct File {
     max_series_per_app: Option<Spanned<u64>>,
     max_series_per_group: Option<Spanned<u64>>,
     max_label_len: Option<Spanned<u64>>,
+    hist_map_max_entries: Option<Spanned<u64>>,
     block_inflight_timeout_secs: Option<Spanned<u64>>,
     query_probes: Option<bool>,
     max_postgres_binaries: Option<usize>,
@@ -134,6 +148,7 @@ impl Default for Config {
             max_series_per_app: limits.per_app as u64,
             max_series_per_group: limits.per_group as u64,
             max_label_len: limits.label_len as u64,
+            hist_map_max_entries: 65_536,
             block_inflight_timeout_secs: 180,
             query_probes: false,
             max_postgres_binaries: 64,
@@ -250,6 +265,11 @@ impl Config {
         for (key, value, range) in [
             ("max_series", &file.max_series, 1..=MAX_SERIES_LIMIT),
             ("max_label_len", &file.max_label_len, 16..=4096),
+            (
+                "hist_map_max_entries",
+                &file.hist_map_max_entries,
+                1024..=1 << 20,
+            ),
         ] {
             if let Some(v) = value
                 && !range.contains(v.get_ref())
@@ -296,6 +316,7 @@ impl Config {
             max_series_per_app: or(&file.max_series_per_app, default.max_series_per_app),
             max_series_per_group: or(&file.max_series_per_group, default.max_series_per_group),
             max_label_len: or(&file.max_label_len, default.max_label_len),
+            hist_map_max_entries: or(&file.hist_map_max_entries, default.hist_map_max_entries),
             block_inflight_timeout_secs: file
                 .block_inflight_timeout_secs
                 .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
@@ -338,6 +359,16 @@ impl Config {
             per_app: n(self.max_series_per_app),
             per_group: n(self.max_series_per_group),
             label_len: n(self.max_label_len),
+        }
+    }
+
+    /// Sizes of the histogram maps as loaded (checked to fit a u32 by `parse`).
+    pub fn hist_map_sizes(&self) -> HistMapSizes {
+        let n = u32::try_from(self.hist_map_max_entries).unwrap_or(1 << 20);
+        HistMapSizes {
+            block_io: n,
+            syscall: n,
+            query: (n / 4).max(1024),
         }
     }
 

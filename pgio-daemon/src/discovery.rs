@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 
 use crate::{
     classifier::{Classifier, ProcessInfo},
+    key_quota::KeyOwner,
     labels::Labels,
     lifecycle::{self, Event, PostgresProbes},
     lock,
@@ -49,7 +50,7 @@ impl Discovery {
     ) -> Discovery {
         {
             let mut t = lock(&shared);
-            t.provisional.orphan = t.registry.intern(Classifier::orphan_child_labels());
+            t.provisional.orphan = t.intern(Classifier::orphan_child_labels(), KeyOwner::Exempt);
         }
         Discovery {
             classifier,
@@ -166,7 +167,7 @@ impl Discovery {
     /// Already gone: `labels` only say where its held-back events go.
     fn classified_late(&mut self, pid: u32, labels: Labels) {
         let mut shared = lock(&self.shared);
-        let id = shared.registry.intern(labels);
+        let id = shared.intern(labels, KeyOwner::Pid(pid));
         shared.provisional.classified_late(pid, id);
     }
 
@@ -198,8 +199,8 @@ impl Discovery {
         let mut shared = lock(&self.shared);
         if let Some(child) = Classifier::child_labels(&labels) {
             let (parent, child) = (
-                shared.registry.intern(labels.clone()),
-                shared.registry.intern(child),
+                shared.intern(labels.clone(), KeyOwner::Pid(pid)),
+                shared.intern(child, KeyOwner::Pid(pid)),
             );
             if let Err(e) = self.kernel.set_children(parent, child) {
                 shared.kernel_map_errors += 1;
@@ -212,7 +213,7 @@ impl Discovery {
             t.attach_for(pid);
         }
         let provisional = Classifier::is_provisional(&labels);
-        let id = shared.registry.intern(labels);
+        let id = shared.intern(labels, KeyOwner::Pid(pid));
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.
             shared.pids.insert(pid, id);
@@ -270,7 +271,7 @@ impl Discovery {
                 .and_then(|p| shared.registry.labels(p))
                 .and_then(Classifier::child_labels);
             series = match starting {
-                Some(labels) => shared.registry.intern(labels),
+                Some(labels) => shared.intern(labels, KeyOwner::Pid(ev.ppid)),
                 None => shared.provisional.orphan,
             };
             shared.provisional.forked(ev.pid, series);
@@ -293,7 +294,7 @@ impl Discovery {
                 t.attach_for(pid);
             }
             let mut shared = lock(&self.shared);
-            let id = shared.registry.intern(labels);
+            let id = shared.intern(labels, KeyOwner::Pid(pid));
             if self.kernel.set(pid, SeriesId::provisional(pid)).is_ok() {
                 shared.provisional.forked(pid, id);
                 shared.pids.insert(pid, id);

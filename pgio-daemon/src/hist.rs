@@ -1,5 +1,8 @@
 //! Log2 histograms summed over CPUs, and the one reader every histogram map goes through.
-use std::{collections::BTreeMap, sync::Mutex};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Mutex,
+};
 
 use anyhow::Result;
 use aya::{
@@ -9,11 +12,13 @@ use aya::{
 use pgio_common::{
     SeriesId,
     hist::{Bucket, SLOTS},
+    key_quota::{HistMap, OWNER_SLOTS},
 };
 
 use tracing::warn;
 
 use crate::{
+    key_quota::Balanced,
     lock,
     maps::take_map,
     provisional::{Provisional, Route},
@@ -84,7 +89,7 @@ pub fn le_seconds(slot: usize) -> f64 {
 
 /// A histogram map's key: the series it books, its log2 slot, and the rest, which names one
 /// exported histogram.
-pub trait HistKey: aya::Pod {
+pub trait HistKey: aya::Pod + Eq + std::hash::Hash + Send {
     type Id: Ord + Copy;
     fn series(&self) -> SeriesId;
     fn slot(&self) -> u8;
@@ -103,18 +108,27 @@ pub type Hists<Id> = BTreeMap<Id, Log2Hist>;
 pub struct HistReader<K: HistKey> {
     /// The map's name, for log messages.
     name: &'static str,
+    quota: HistMap,
+    max_entries: u32,
     map: Mutex<PerCpuHashMap<MapData, K, Bucket>>,
     carry: Mutex<Hists<K::Id>>,
-    /// Counts userspace books under a kernel key (`book`): they take the same routes as the
-    /// map's entries.
-    booked: Mutex<Vec<(K, Bucket)>>,
+    /// Counts userspace books under a kernel key (`book`, `evict`): they take the same routes
+    /// as the map's entries.
+    booked: Mutex<HashMap<K, Bucket>>,
 }
 
 impl<K: HistKey> HistReader<K> {
-    /// Takes the histogram map `name` out of the loaded object.
-    pub fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<HistReader<K>> {
+    /// Takes the histogram map `name` (`max_entries` as loaded) out of the loaded object.
+    pub fn take(
+        ebpf: &mut Ebpf,
+        name: &'static str,
+        quota: HistMap,
+        max_entries: u32,
+    ) -> Result<HistReader<K>> {
         Ok(HistReader {
             name,
+            quota,
+            max_entries,
             map: Mutex::new(take_map(ebpf, name)?),
             carry: Mutex::default(),
             booked: Mutex::default(),
@@ -136,19 +150,8 @@ impl<K: HistKey> HistReader<K> {
 
     /// Adds `b` under `key` from userspace, for what only userspace finds (the block sweep's
     /// lost requests); writing the per-CPU map would race the kernel's own adds.
-    pub fn book(&self, key: K, b: Bucket)
-    where
-        K: PartialEq,
-    {
-        let mut booked = lock(&self.booked);
-        match booked.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, sum)) => {
-                sum.count += b.count;
-                sum.sum += b.sum;
-                sum.bytes += b.bytes;
-            }
-            None => booked.push((key, b)),
-        }
+    pub fn book(&self, key: K, b: Bucket) {
+        add_bucket(lock(&self.booked).entry(key).or_default(), &b);
     }
 
     pub fn read(&self, routes: &Provisional) -> Result<Hists<K::Id>> {
@@ -179,7 +182,7 @@ impl<K: HistKey> HistReader<K> {
             // Gone already is fine: nothing else deletes, and a late event recreates it.
             let _ = map.remove(key);
         }
-        lock(&self.booked).retain(|(key, b)| match routes.route(key.series()) {
+        lock(&self.booked).retain(|key, b| match routes.route(key.series()) {
             Route::Own => {
                 out.entry(key.id(key.series()))
                     .or_default()
@@ -200,6 +203,67 @@ impl<K: HistKey> HistReader<K> {
             out.entry(*id).or_default().merge(h);
         }
         Ok(out)
+    }
+}
+
+fn add_bucket(sum: &mut Bucket, b: &Bucket) {
+    sum.count = sum.count.wrapping_add(b.count);
+    sum.sum = sum.sum.wrapping_add(b.sum);
+    sum.bytes = sum.bytes.wrapping_add(b.bytes);
+}
+
+impl<K: HistKey + 'static> Balanced for HistReader<K>
+where
+    K::Id: Send,
+{
+    fn quota(&self) -> HistMap {
+        self.quota
+    }
+
+    fn max_entries(&self) -> u32 {
+        self.max_entries
+    }
+
+    fn count_owners(&self, owner_of: &dyn Fn(SeriesId) -> u8) -> Result<Vec<u32>> {
+        let map = lock(&self.map);
+        let mut n = vec![0u32; OWNER_SLOTS as usize];
+        for key in map.keys() {
+            n[owner_of(key?.series()) as usize] += 1;
+        }
+        Ok(n)
+    }
+
+    /// Each key is read, deleted, then booked in userspace: an event landing on it in
+    /// between (microseconds, and only on keys of an owner above its share) is lost.
+    fn evict(&self, owner_of: &dyn Fn(SeriesId) -> u8, want: &[u32]) -> Result<Vec<u32>> {
+        let mut map = lock(&self.map);
+        let mut want = want.to_vec();
+        let mut moved = vec![0u32; OWNER_SLOTS as usize];
+        let keys: Vec<K> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| {
+                let s = owner_of(k.series()) as usize;
+                let take = want[s] > 0;
+                want[s] = want[s].saturating_sub(1);
+                take
+            })
+            .collect();
+        let mut booked = lock(&self.booked);
+        for key in keys {
+            let Ok(per_cpu) = map.get(&key, 0) else {
+                continue;
+            };
+            if map.remove(&key).is_err() {
+                continue;
+            }
+            let sum = booked.entry(key).or_default();
+            for b in per_cpu.iter() {
+                add_bucket(sum, b);
+            }
+            moved[owner_of(key.series()) as usize] += 1;
+        }
+        Ok(moved)
     }
 }
 

@@ -21,6 +21,7 @@ pub mod hist;
 pub mod http;
 pub mod http_server;
 pub mod kernel_offsets;
+pub mod key_quota;
 pub mod labels;
 pub mod lifecycle;
 pub mod maps;

@@ -21,6 +21,7 @@ use pgio_daemon::{
     health::Health,
     http,
     http_server::{self, HttpStats},
+    key_quota::{KeyQuota, KeyQuotaSource},
     lifecycle, privileges, probes, query,
     self_metrics::{self, HttpSelfMetrics, SelfMetrics},
     series::{KernelSeries, SharedTracked, Tracked},
@@ -268,6 +269,7 @@ fn start(config: Config, web: WebConfig, listen: Option<std::net::SocketAddr>) -
     info!(tracefs = %tracefs.display(), "tracefs");
     raise_memlock();
 
+    let hist_sizes = config.hist_map_sizes();
     let bpf_stats = if config.bpf_stats {
         Some(
             aya::sys::enable_stats(aya::sys::Stats::RunTime)
@@ -276,7 +278,8 @@ fn start(config: Config, web: WebConfig, listen: Option<std::net::SocketAddr>) -
     } else {
         None
     };
-    let probes::Probes { mut ebpf, status } = probes::load_and_attach(config.query_probes)?;
+    let probes::Probes { mut ebpf, status } =
+        probes::load_and_attach(config.query_probes, hist_sizes)?;
     let kernel_series = KernelSeries::take(&mut ebpf)?;
     let ring = lifecycle::take_ring(&mut ebpf)?;
     let health = Arc::new(Health::new(&ebpf, self_metrics::DROPS_MAP).context("health probe")?);
@@ -285,12 +288,23 @@ fn start(config: Config, web: WebConfig, listen: Option<std::net::SocketAddr>) -
     // One registration per source; families are encoded in this order (device info last:
     // it lists the devices the others saw).
     let mut collector = Collector::new(shared.clone(), Devices::new(config.longhorn_device_dir()));
-    collector.register(block_io::BlockIo::take(
+    let block_io = block_io::BlockIo::take(
         &mut ebpf,
         config.block_inflight_timeout(),
+        hist_sizes.block_io,
+    )?;
+    let syscalls = syscall::Syscalls::take(&mut ebpf, hist_sizes.syscall)?;
+    let queries = query::Queries::take(&mut ebpf, hist_sizes.query)?;
+    let key_quota = Arc::new(KeyQuota::take(
+        &mut ebpf,
+        shared.clone(),
+        vec![block_io.balanced(), syscalls.balanced(), queries.balanced()],
     )?);
-    collector.register(syscall::Syscalls::take(&mut ebpf)?);
-    collector.register(query::Queries::take(&mut ebpf)?);
+    collector.register(block_io);
+    collector.register(syscalls);
+    collector.register(queries);
+    collector.register(KeyQuotaSource(key_quota.clone()));
+    collector.set_key_quota(key_quota);
     collector.register(TrackedProcesses);
     collector.register(DeviceInfo);
     let postgres_probe_stats = Arc::new(lifecycle::PostgresProbeStats::default());

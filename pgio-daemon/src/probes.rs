@@ -12,7 +12,9 @@ use aya::{
 use pgio_common::{kernel_offsets::KernelOffsets, syscall::Syscall};
 use tracing::{info, warn};
 
-use crate::{btf::KernelBtf, kernel_offsets, query, series};
+use crate::{
+    block_io, btf::KernelBtf, config::HistMapSizes, kernel_offsets, query, series, syscall,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pgio"));
 
@@ -166,7 +168,11 @@ fn require_object() -> Result<()> {
 /// the same tracepoints pgio uses for pread64.
 pub fn load_floor() -> Result<Ebpf> {
     require_object()?;
-    let mut ebpf = load(&KernelOffsets::default(), false)?;
+    let mut ebpf = load(
+        &KernelOffsets::default(),
+        false,
+        crate::config::Config::default().hist_map_sizes(),
+    )?;
     for dir in ["enter", "exit"] {
         let name = format!("floor_sys_{dir}_pread64");
         let p: &mut TracePoint = ebpf
@@ -181,7 +187,7 @@ pub fn load_floor() -> Result<Ebpf> {
 
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
 /// is attached).
-fn load(offsets: &KernelOffsets, query_probes: bool) -> Result<Ebpf> {
+fn load(offsets: &KernelOffsets, query_probes: bool, hist: HistMapSizes) -> Result<Ebpf> {
     // One slot per pid: the tgid-indexed array must reach pid_max.
     let pid_max = procfs::sys::kernel::pid_max()
         .ok()
@@ -195,16 +201,19 @@ fn load(offsets: &KernelOffsets, query_probes: bool) -> Result<Ebpf> {
         .override_global(kernel_offsets::GLOBAL, offsets, true)
         .override_global(query::ENABLED_GLOBAL, &u8::from(query_probes), true)
         .map_max_entries(series::TRACKED_MAP, pid_max)
+        .map_max_entries(block_io::HIST_MAP, hist.block_io)
+        .map_max_entries(syscall::HIST_MAP, hist.syscall)
+        .map_max_entries(query::HIST_MAP, hist.query)
         .load(OBJECT)
         .context("loading the eBPF object")
 }
 
 /// `query_probes`: whether the syscall exits keep the query bookkeeping (see `query`).
-pub fn load_and_attach(query_probes: bool) -> Result<Probes> {
+pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes> {
     require_object()?;
     let btf = KernelBtf::open()?;
     let offsets = kernel_offsets::from_btf(&btf).context("reading struct offsets from BTF")?;
-    let mut ebpf = load(&offsets, query_probes)?;
+    let mut ebpf = load(&offsets, query_probes, hist)?;
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status = Vec::new();

@@ -1,10 +1,13 @@
 //! Userspace side of the query probe: reads `QUERY_HIST` at scrape time and writes
 //! `pgio_query_seconds`, `pgio_query_io_seconds`, `pgio_query_read_miss_seconds` and
 //! `pgio_query_cache_misses_total`.
+use std::sync::Arc;
+
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
+    key_quota::HistMap,
     query::{QueryKey, QueryMetric},
 };
 
@@ -12,11 +15,12 @@ use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
+    key_quota::Balanced,
     labels::WithLabels,
     provisional::Provisional,
 };
 
-const HIST_MAP: &str = "QUERY_HIST";
+pub const HIST_MAP: &str = "QUERY_HIST";
 /// The eBPF global that turns the syscall exits' query bookkeeping on (`query_probes`).
 pub const ENABLED_GLOBAL: &str = "QUERY_PROBES";
 
@@ -51,14 +55,25 @@ impl HistKey for QueryKey {
 }
 
 pub struct Queries {
-    reader: HistReader<QueryKey>,
+    reader: Arc<HistReader<QueryKey>>,
 }
 
 impl Queries {
-    pub fn take(ebpf: &mut Ebpf) -> Result<Queries> {
+    /// `max_entries`: the histogram map's size as loaded.
+    pub fn take(ebpf: &mut Ebpf, max_entries: u32) -> Result<Queries> {
         Ok(Queries {
-            reader: HistReader::take(ebpf, HIST_MAP)?,
+            reader: Arc::new(HistReader::take(
+                ebpf,
+                HIST_MAP,
+                HistMap::Query,
+                max_entries,
+            )?),
         })
+    }
+
+    /// The histogram map, for `key_quota`.
+    pub fn balanced(&self) -> Arc<dyn Balanced> {
+        self.reader.clone()
     }
 }
 

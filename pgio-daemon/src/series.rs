@@ -24,7 +24,12 @@ use aya::{
 };
 use pgio_common::SeriesId;
 
-use crate::{labels::Labels, maps::take_map, provisional::Provisional};
+use crate::{
+    key_quota::{KeyOwner, Owners},
+    labels::Labels,
+    maps::take_map,
+    provisional::Provisional,
+};
 
 /// Caps on label sets (config `max_series`, `max_series_per_app`, `max_series_per_group`,
 /// `max_label_len`).
@@ -260,13 +265,34 @@ pub struct Tracked {
     /// Writes to the kernel's `TRACKED` or `CHILD_SERIES` that failed: a process booked under
     /// the wrong series. Stays 0 (ids stay below the caps, pids below pid_max).
     pub kernel_map_errors: u64,
+    /// Whose share of the histogram maps each series' keys count against.
+    pub owners: Owners,
 }
 
 impl Tracked {
+    /// `labels`' id (see `SeriesRegistry::intern`); a new id gets `owner`'s share of the maps
+    /// (the overflow series are exempt: pgio bounds them).
+    pub fn intern(&mut self, labels: Labels, owner: KeyOwner) -> SeriesId {
+        let id = self.registry.intern(labels);
+        if !self.owners.is_assigned(id) {
+            let owner = match self.registry.labels(id) {
+                Some(l) if l.role == OVERFLOW => KeyOwner::Exempt,
+                _ => owner,
+            };
+            if self.owners.assign(id, owner).is_err() {
+                self.kernel_map_errors += 1;
+            }
+        }
+        id
+    }
+
     /// Series `retired` had their kernel keys deleted by a map read: free their ids.
     pub fn free_retired(&mut self, retired: &BTreeSet<SeriesId>) {
         if retired.is_empty() {
             return;
+        }
+        for id in retired {
+            self.owners.release(*id);
         }
         self.registry.free(retired.iter().copied());
         self.provisional.retired.retain(|id| !retired.contains(id));

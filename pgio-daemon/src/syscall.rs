@@ -1,9 +1,12 @@
 //! Userspace side of the syscall probes: reads `SYSCALL_HIST` at scrape time and writes
 //! `pgio_syscall_seconds` and `pgio_futex_wait_seconds`.
+use std::sync::Arc;
+
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
+    key_quota::HistMap,
     syscall::{Cache, Syscall, SyscallKey},
 };
 
@@ -11,11 +14,12 @@ use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Family, Kind},
     hist::{HistKey, HistReader, Hists},
+    key_quota::Balanced,
     labels::WithLabels,
     provisional::Provisional,
 };
 
-const HIST_MAP: &str = "SYSCALL_HIST";
+pub const HIST_MAP: &str = "SYSCALL_HIST";
 
 /// One syscall histogram: a series' calls of one syscall, by page-cache outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,14 +69,25 @@ impl HistKey for SyscallKey {
 }
 
 pub struct Syscalls {
-    reader: HistReader<SyscallKey>,
+    reader: Arc<HistReader<SyscallKey>>,
 }
 
 impl Syscalls {
-    pub fn take(ebpf: &mut Ebpf) -> Result<Syscalls> {
+    /// `max_entries`: the histogram map's size as loaded.
+    pub fn take(ebpf: &mut Ebpf, max_entries: u32) -> Result<Syscalls> {
         Ok(Syscalls {
-            reader: HistReader::take(ebpf, HIST_MAP)?,
+            reader: Arc::new(HistReader::take(
+                ebpf,
+                HIST_MAP,
+                HistMap::Syscall,
+                max_entries,
+            )?),
         })
+    }
+
+    /// The histogram map, for `key_quota`.
+    pub fn balanced(&self) -> Arc<dyn Balanced> {
+        self.reader.clone()
     }
 }
 

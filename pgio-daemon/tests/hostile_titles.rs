@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::Daemon;
 use pgio_testkit::{
     Metrics, PgCluster,
-    fake::{Fake, chown_nobody, compile},
+    fake::{AttackerFiles, Fake},
     pg_bin_dir, require_root, temp_dir, wait_until,
 };
 
@@ -65,29 +65,10 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     let cluster = cluster.to_str().expect("UTF-8 path").to_owned();
 
     // The attacker's files: its binaries, a file to read, a data directory of its own.
-    let fakes = dir.path().join("fakes");
-    let fake_data = fakes.join("data");
-    std::fs::create_dir_all(&fake_data).expect("fake data dir");
-    std::fs::write(fake_data.join("PG_VERSION"), "15\n").expect("PG_VERSION");
-    std::fs::write(fakes.join("file"), vec![7u8; 8192]).expect("file");
-    let postgres = compile(&fakes, "postgres").expect("cc");
-    let longhorn = compile(&fakes, "longhorn").expect("cc");
-    // Only its own directory is nobody's; the rest of the temp dir it may pass through.
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    for p in [
-        fakes.clone(),
-        fake_data.clone(),
-        fake_data.join("PG_VERSION"),
-        fakes.join("file"),
-    ] {
-        chown_nobody(&p).expect("chown");
-    }
-    let file = fakes.join("file");
-    let file = file.to_str().expect("path");
+    let attacker = AttackerFiles::create(dir.path(), &["postgres", "longhorn"]).expect("fakes");
+    let (fakes, fake_data) = (attacker.dir.clone(), attacker.data.clone());
+    let (postgres, longhorn) = (attacker.bin("postgres"), attacker.bin("longhorn"));
+    let file = attacker.file.to_str().expect("path");
 
     let daemon = Daemon::with_config(&format!(
         "rescan_interval_secs = 1\nseries_retention_secs = 4\nmax_series_per_group = {PER_GROUP}\n"

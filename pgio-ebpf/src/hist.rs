@@ -1,8 +1,9 @@
-//! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event.
+//! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event. A
+//! new key costs one of its owner's allowance (`key_quota`).
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
-use pgio_common::{drops::DropReason, hist::Bucket};
+use pgio_common::{SeriesId, drops::DropReason, hist::Bucket, key_quota::HistMap};
 
-use crate::drops;
+use crate::{drops, key_quota};
 
 #[inline(always)]
 fn add_to(b: *mut Bucket, value_ns: u64, bytes: u64) {
@@ -15,9 +16,20 @@ fn add_to(b: *mut Bucket, value_ns: u64, bytes: u64) {
 }
 
 #[inline(always)]
-pub fn add<K>(map: &PerCpuHashMap<K, Bucket>, key: &K, value_ns: u64, bytes: u64) {
+pub fn add<K>(
+    map: &PerCpuHashMap<K, Bucket>,
+    quota: HistMap,
+    series: SeriesId,
+    key: &K,
+    value_ns: u64,
+    bytes: u64,
+) {
     if let Some(b) = map.get_ptr_mut(key) {
         add_to(b, value_ns, bytes);
+        return;
+    }
+    if !key_quota::take(quota, series) {
+        drops::count(DropReason::HistOverShare);
         return;
     }
     let b = Bucket {

@@ -3,12 +3,15 @@
 //! `TRACKED` and, for syscalls, returns at once when it has none.
 #![no_std]
 #![no_main]
+// `key_quota`'s atomic decrement (BPF_XADD).
+#![feature(asm_experimental_arch)]
 
 mod block_io;
 mod drops;
 mod floor;
 mod hist;
 mod kernel_offsets;
+mod key_quota;
 mod lifecycle;
 mod query;
 mod syscall;

@@ -11,6 +11,7 @@ use aya_ebpf::{
 use pgio_common::{
     SeriesId,
     hist::{Bucket, slot},
+    key_quota::HistMap,
     query::{QueryKey, QueryMetric, QueryState},
 };
 
@@ -36,7 +37,7 @@ fn book(series: SeriesId, metric: QueryMetric, ns: u64, misses: u64) {
         slot: slot(ns),
         _pad: [0; 2],
     };
-    hist::add(&QUERY_HIST, &key, ns, misses);
+    hist::add(&QUERY_HIST, HistMap::Query, series, &key, ns, misses);
 }
 
 /// `pgstat_report_activity(BackendState state, const char *cmd_str)` entry.

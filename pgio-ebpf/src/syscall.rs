@@ -9,6 +9,7 @@ use aya_ebpf::{
 use pgio_common::{
     drops::DropReason,
     hist::{Bucket, slot},
+    key_quota::HistMap,
     syscall::{Cache, Syscall, SyscallKey, SyscallStart, futex_op_waits},
 };
 
@@ -83,7 +84,7 @@ fn exit(sc: Syscall) -> u32 {
         slot: slot(d),
         _pad: 0,
     };
-    hist::add(&SYSCALL_HIST, &key, d, 0);
+    hist::add(&SYSCALL_HIST, HistMap::Syscall, s.series, &key, d, 0);
     if !sc.is_wait() {
         query::add_io(d, cache == Cache::Miss);
     }

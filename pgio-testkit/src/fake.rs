@@ -14,16 +14,32 @@ pub const NOBODY: u32 = 65_534;
 /// `FAKE_CHILDREN` unset: waits for a byte on stdin, does `FAKE_READS` pread64 of `FAKE_FILE`,
 /// prints `done`, then waits for stdin to close. Set: forks that many children, each of which
 /// writes `FAKE_TITLE` (with its index for `%d`) over the command line like Postgres, and does
-/// the same without waiting for the byte; the parent waits for stdin to close.
+/// the same without waiting for the byte; the parent waits for stdin to close. `FAKE_SPREAD`
+/// rounds of futex waits timing out after 2^10 … 2^30 ns come first: 21 latency slots, so 21
+/// histogram keys per series (2.1 s a round).
 pub const FAKE_C: &str = r#"
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+static void spread(void) {
+    long rounds = atol(getenv("FAKE_SPREAD") ? getenv("FAKE_SPREAD") : "0");
+    static int word;
+    for (long r = 0; r < rounds; r++)
+        for (int k = 10; k <= 30; k++) {
+            struct timespec ts = { (1L << k) / 1000000000L, (1L << k) % 1000000000L };
+            syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &ts, NULL, 0);
+        }
+}
+
 static void reads(void) {
+    spread();
     const char *file = getenv("FAKE_FILE");
     long n = atol(getenv("FAKE_READS") ? getenv("FAKE_READS") : "0");
     char buf[4096];
@@ -88,6 +104,44 @@ pub fn compile(dir: &Path, name: &str) -> Result<PathBuf> {
 pub fn chown_nobody(p: &Path) -> Result<()> {
     std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY))
         .with_context(|| format!("chown nobody {}", p.display()))
+}
+
+/// The attacker's files under `<dir>/fakes`, all nobody's: the fixture compiled as each of
+/// `names`, an 8 KiB file to read, and a data directory of its own (with `PG_VERSION`). `dir`
+/// itself becomes world-searchable so nobody can pass through it.
+pub struct AttackerFiles {
+    pub dir: PathBuf,
+    pub data: PathBuf,
+    pub file: PathBuf,
+}
+
+impl AttackerFiles {
+    pub fn create(dir: &Path, names: &[&str]) -> Result<AttackerFiles> {
+        use std::os::unix::fs::PermissionsExt;
+        let fakes = dir.join("fakes");
+        let data = fakes.join("data");
+        std::fs::create_dir_all(&data).context("the made-up data directory")?;
+        std::fs::write(data.join("PG_VERSION"), "15\n").context("PG_VERSION")?;
+        let file = fakes.join("file");
+        std::fs::write(&file, vec![7u8; 8192]).context("the file to read")?;
+        for name in names {
+            compile(&fakes, name)?;
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+            .context("chmod 755")?;
+        for p in [&fakes, &data, &data.join("PG_VERSION"), &file] {
+            chown_nobody(p)?;
+        }
+        Ok(AttackerFiles {
+            dir: fakes,
+            data,
+            file,
+        })
+    }
+
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
 }
 
 /// A fixture process run by nobody; stdin closed (dropped) ends it and its children.

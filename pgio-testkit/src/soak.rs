@@ -9,10 +9,10 @@
 //! - a `longhorn` with a 100 KB argv;
 //! - 50 HTTP connections that send half a request line, opened anew each round.
 //!
-//! pgio's RSS, fds, series, tracked processes and dropped events are sampled every
-//! `sample_every`. After the first third (warm-up) they must be flat: RSS drift ≤ 1 MiB over
-//! the last half, fds and series within bounds, no lost lifecycle event, no exit missed, no
-//! full map; and the real cluster's auxiliary processes are each tracked exactly once, and
+//! pgio's RSS, fds, series, histogram map keys, tracked processes and dropped events are
+//! sampled every `sample_every`. After the first third (warm-up) they must be flat: RSS drift
+//! ≤ 1 MiB over the last half, fds, series and map keys within bounds, no lost lifecycle
+//! event, no exit missed, no full map; and the real cluster's auxiliary processes are each tracked exactly once, and
 //! pgbench fails no transaction.
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -42,9 +42,14 @@ pub struct SoakSample {
     pub rss_kib: u64,
     pub fds: usize,
     pub series: f64,
+    /// Series retired so far: with `series`, the ids given out (reused ids counted anew).
+    pub retired: f64,
     pub refused: f64,
     pub tracked: f64,
     pub dropped: f64,
+    /// Keys in the histogram maps, and the attacker's new keys refused past its share.
+    pub map_entries: f64,
+    pub over_share: f64,
     pub exits_missed: f64,
     pub scrape_ms: u128,
     pub exposition_bytes: usize,
@@ -58,19 +63,22 @@ pub struct SoakReport {
 impl SoakReport {
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "    s   RSS KiB   fds   series  refused  tracked  dropped  missed  scrape ms   bytes\n",
+            "    s   RSS KiB   fds   series  retired  refused  tracked  dropped  map keys  over share  missed  scrape ms   bytes\n",
         );
         for s in &self.samples {
             let _ = writeln!(
                 out,
-                "{:>5} {:>9} {:>5} {:>8} {:>8} {:>8} {:>8} {:>7} {:>10} {:>7}",
+                "{:>5} {:>9} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11} {:>7} {:>10} {:>7}",
                 s.secs,
                 s.rss_kib,
                 s.fds,
                 s.series,
+                s.retired,
                 s.refused,
                 s.tracked,
                 s.dropped,
+                s.map_entries,
+                s.over_share,
                 s.exits_missed,
                 s.scrape_ms,
                 s.exposition_bytes
@@ -268,7 +276,13 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         }
         let dropped: f64 = m
             .matching("pgio_events_dropped_total", &[])
-            .filter(|s| s.labels.get("reason").map(String::as_str) != Some("title_over_budget"))
+            // Both are limits on what one process or uid may cost, not lost events of others.
+            .filter(|s| {
+                !matches!(
+                    s.labels.get("reason").map(String::as_str),
+                    Some("title_over_budget" | "hist_over_share")
+                )
+            })
             .map(|s| s.value)
             .sum();
         samples.push(SoakSample {
@@ -276,9 +290,15 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
             rss_kib: status_kib(pid, "VmRSS:"),
             fds: fds(pid),
             series: m.sum("pgio_series", &[]),
+            retired: m.sum("pgio_series_retired_total", &[]),
             refused: m.sum("pgio_series_refused_total", &[]),
             tracked: m.sum("pgio_tracked_processes", &[]),
             dropped,
+            map_entries: m.sum("pgio_hist_map_entries", &[]),
+            over_share: m.sum(
+                "pgio_events_dropped_total",
+                &[("reason", "hist_over_share")],
+            ),
             exits_missed: m.sum("pgio_exits_missed_total", &[]),
             scrape_ms,
             exposition_bytes: text.len(),
@@ -349,15 +369,21 @@ pub fn judge(samples: &[SoakSample]) -> Vec<String> {
     if max > min + 8 {
         failures.push(format!("fds ranged {min}..{max} after warm-up"));
     }
-    let series_max = |s: &[SoakSample]| s.iter().map(|s| s.series).fold(0.0, f64::max);
-    let (early, late) = (
-        series_max(&samples[..samples.len() / 2]),
-        series_max(last_half),
-    );
-    if late > early * 1.1 + 5.0 {
-        failures.push(format!(
-            "series kept growing: at most {early} in the first half, {late} in the last"
-        ));
+    for (what, value, slack) in [
+        (
+            "series",
+            (|s: &SoakSample| s.series) as fn(&SoakSample) -> f64,
+            5.0,
+        ),
+        ("histogram map keys", |s: &SoakSample| s.map_entries, 64.0),
+    ] {
+        let most = |s: &[SoakSample]| s.iter().map(value).fold(0.0, f64::max);
+        let (early, late) = (most(&samples[..samples.len() / 2]), most(last_half));
+        if late > early * 1.1 + slack {
+            failures.push(format!(
+                "{what} kept growing: at most {early} in the first half, {late} in the last"
+            ));
+        }
     }
     let base = &steady[0];
     for s in steady {

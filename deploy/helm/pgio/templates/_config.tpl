@@ -16,6 +16,7 @@ max_series = {{ int $c.max_series }}
 max_series_per_app = {{ int $c.max_series_per_app }}
 max_series_per_group = {{ int $c.max_series_per_group }}
 max_label_len = {{ int $c.max_label_len }}
+hist_map_max_entries = {{ int $c.hist_map_max_entries }}
 max_postgres_binaries = {{ int $c.max_postgres_binaries }}
 http_header_timeout_secs = {{ int $c.http_header_timeout_secs }}
 http_idle_timeout_secs = {{ int $c.http_idle_timeout_secs }}

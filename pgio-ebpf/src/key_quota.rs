@@ -1,0 +1,69 @@
+//! Whether a series may create one more histogram key (see `pgio_common::key_quota`).
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, PerCpuArray},
+};
+use pgio_common::{
+    CHILD_SERIES_MAX, SeriesId,
+    key_quota::{EXEMPT, HIST_MAPS, HistMap, OWNER_SLOTS, PROVISIONAL, allowance_index},
+};
+
+/// `series → owner slot`, written by userspace when it gives out the id.
+#[map]
+static SERIES_OWNER: Array<u8> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
+
+/// New keys each (map, owner) may still create, rewritten by userspace once a second. One
+/// counter for all CPUs (a per-CPU split would starve an owner whose threads run on few
+/// CPUs): read, then decremented with an atomic add (BPF_XADD, every kernel), so CPUs racing
+/// on the last key can take it between them, at most one each.
+#[map]
+static KEY_ALLOWANCE: Array<i64> = Array::with_max_entries(HIST_MAPS * OWNER_SLOTS, 0);
+
+/// New keys refused per (map, owner), on this CPU (`pgio_hist_map_refused_total`).
+#[map]
+static KEY_REFUSED: PerCpuArray<u64> = PerCpuArray::with_max_entries(HIST_MAPS * OWNER_SLOTS, 0);
+
+/// Nonzero once userspace has written the first allowances: until then nothing is refused.
+#[map]
+static KEY_QUOTA_ON: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Takes one key from the allowance of `series`' owner in `map`; `false`: none left.
+#[inline(always)]
+pub fn take(map: HistMap, series: SeriesId) -> bool {
+    match KEY_QUOTA_ON.get(0) {
+        Some(on) if *on != 0 => {}
+        _ => return true,
+    }
+    let owner = if series.is_provisional() {
+        PROVISIONAL
+    } else {
+        SERIES_OWNER.get(series.0).copied().unwrap_or(EXEMPT)
+    };
+    if owner == EXEMPT {
+        return true;
+    }
+    let i = allowance_index(map, owner);
+    let Some(left) = KEY_ALLOWANCE.get_ptr_mut(i) else {
+        return true;
+    };
+    // SAFETY: a map value, valid while the program runs; shared with other CPUs, hence the
+    // volatile read and the atomic decrement. Userspace rewrites it whole, at worst undoing
+    // one take.
+    unsafe {
+        if core::ptr::read_volatile(left) <= 0 {
+            // This CPU's own slot.
+            if let Some(n) = KEY_REFUSED.get_ptr_mut(i) {
+                *n += 1;
+            }
+            return false;
+        }
+        // BPF_XADD: Rust has no atomic read-modify-write for this target.
+        core::arch::asm!(
+            "lock *(u64 *)({0} + 0) += {1}",
+            in(reg) left,
+            in(reg) -1i64,
+            options(nostack),
+        );
+    }
+    true
+}
