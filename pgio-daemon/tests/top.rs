@@ -1,7 +1,7 @@
 //! `pgio-daemon top` against a running daemon under a known load: `--once --json` counts equal
 //! the /metrics text deltas of the same interval, bucket by bucket; the live mode in a real
 //! terminal (tmux) draws the histogram, reports a daemon that went away and quits on `q`; a
-//! wrong URL is a clear error, never a panic.
+//! wrong URL is a clear error, never a panic. (Over HTTPS with basic auth: `web_config`.)
 mod common;
 
 use std::io::{Read, Write};
@@ -290,27 +290,39 @@ fn a_wrong_url_is_a_clear_error() {
     assert!(err.contains(&format!("cannot reach {url}")), "{err}");
     assert!(err.contains("Connection refused"), "{err}");
 
-    let (code, err) = stderr_of(&["--once", "--url", "https://127.0.0.1:9435/metrics"]);
+    let (code, err) = stderr_of(&["--once", "--url", "ftp://127.0.0.1:9435/metrics"]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("not an http:// URL"), "{err}");
+    assert!(err.contains("not an http:// or https:// URL"), "{err}");
 
-    // A web server that is not pgio.
+    // A web server that is not pgio, over HTTP and then HTTPS.
     let server = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}/metrics", server.local_addr().expect("addr"));
+    let addr = server.local_addr().expect("addr");
     let serve = std::thread::spawn(move || {
-        if let Ok((mut s, _)) = server.accept() {
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let _ = s.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
-            );
+        for _ in 0..2 {
+            if let Ok((mut s, _)) = server.accept() {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+                );
+            }
         }
     });
+    let url = format!("http://{addr}/metrics");
     let (code, err) = stderr_of(&["--once", "--url", &url]);
-    let _ = serve.join();
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("is not a pgio daemon's /metrics") && err.contains("text/html"),
+        "{err}"
+    );
+    let url = format!("https://{addr}/metrics");
+    let (code, err) = stderr_of(&["--once", "--insecure", "--url", &url]);
+    let _ = serve.join();
+    eprintln!("https:// to a plain HTTP server: {}", err.trim());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{url}: the TLS handshake failed"))
+            && err.contains("is it serving plain HTTP? try http://"),
         "{err}"
     );
 

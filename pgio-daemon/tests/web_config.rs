@@ -8,7 +8,10 @@
 //!   ones 200, one bcrypt per distinct password (not per scrape), /healthz open; a flood of
 //!   wrong passwords is turned away with 429 while a known scraper still gets in at once;
 //! - bad web configs (missing key file, unknown key, key of another certificate, plain password)
-//!   exit 2 naming the file and what is wrong.
+//!   exit 2 naming the file and what is wrong;
+//! - `pgio-daemon top` over HTTPS with basic auth counts a load's reads exactly; a CA that did
+//!   not sign the certificate, a host the certificate is not for, no or a wrong password each
+//!   fail naming the problem.
 use std::{
     io::{ErrorKind, Read, Write},
     net::TcpStream,
@@ -19,7 +22,10 @@ use std::{
 };
 
 use base64::Engine as _;
-use pgio_testkit::{Metrics, TempDir, daemon::free_port, require_root, temp_dir, wait_until};
+use pgio_testkit::{
+    LoadProcess, Metrics, TempDir, daemon::free_port, pgio_load_bin, require_root, serde_json,
+    temp_dir, wait_until,
+};
 use rustls::{
     ClientConfig, ClientConnection, RootCertStore, StreamOwned,
     pki_types::{CertificateDer, ServerName, pem::PemObject as _},
@@ -34,8 +40,12 @@ struct Cert {
 }
 
 fn make_cert(dir: &Path, name: &str) -> Cert {
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-        .expect("self-signed certificate");
+    make_cert_for(dir, name, &["127.0.0.1", "localhost"])
+}
+
+fn make_cert_for(dir: &Path, name: &str, names: &[&str]) -> Cert {
+    let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let ck = rcgen::generate_simple_self_signed(names).expect("self-signed certificate");
     let cert = dir.join(format!("{name}.crt"));
     let key = dir.join(format!("{name}.key"));
     std::fs::write(&cert, ck.cert.pem()).expect("write cert");
@@ -524,4 +534,256 @@ fn bad_web_configs_exit_2_naming_the_file() {
         );
         assert!(stderr.contains(&want), "{yaml}: want {want:?}: {stderr}");
     }
+}
+
+/// `pgio-daemon top` with these args (and `PGIO_TOP_PASSWORD` when given).
+fn top(args: &[&str], password: Option<&str>) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("top").args(args).stdin(Stdio::null());
+    c.env_remove("PGIO_TOP_PASSWORD");
+    if let Some(p) = password {
+        c.env("PGIO_TOP_PASSWORD", p);
+    }
+    c
+}
+
+/// Exit code and stderr of a `top --once` that should fail.
+fn top_fails(args: &[&str], password: Option<&str>) -> (Option<i32>, String) {
+    let out = top(args, password).output().expect("top");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!(
+        "top {}: {:?}: {}",
+        args.join(" "),
+        out.status.code(),
+        err.trim()
+    );
+    (out.status.code(), err)
+}
+
+#[test]
+fn top_over_tls_with_basic_auth() {
+    if !require_root("top_over_tls_with_basic_auth") {
+        return;
+    }
+    const READS: u64 = 2_000;
+    let dir = temp_dir().expect("temp dir");
+    // For the address only: https://localhost/ is then a name it does not hold.
+    let cert = make_cert_for(dir.path(), "tls", &["127.0.0.1"]);
+    let stranger = make_cert(dir.path(), "stranger");
+    let named_ca = {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "some other CA");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("self-signed CA");
+        let path = dir.path().join("other-ca.crt");
+        std::fs::write(&path, cert.pem()).expect("write CA");
+        path
+    };
+    let data = dir.path().join("data");
+    std::fs::write(&data, vec![7u8; 1 << 20]).expect("data file");
+    let hash = bcrypt::hash("s3cret", 4).expect("bcrypt");
+    let d = WebDaemon::start(
+        dir.path(),
+        &format!(
+            "[[rule]]\napp = \"test\"\nrole = \"tls\"\ncomm = \"^pgio-load$\"\ncmdline = \"{} \"\n",
+            data.display()
+        ),
+        &format!(
+            "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\nbasic_auth_users:\n  prometheus: '{hash}'\n"
+        ),
+        &cert.cert,
+        Some(("prometheus", "s3cret")),
+    );
+    let url = format!("https://127.0.0.1:{}/metrics", d.port);
+    let ca = cert.cert.display().to_string();
+
+    let mut load = LoadProcess::spawn(
+        &pgio_load_bin().expect("pgio-load"),
+        [
+            "pread",
+            data.to_str().expect("utf-8"),
+            &READS.to_string(),
+            "0",
+        ],
+    )
+    .expect("spawn pgio-load");
+    let tracked = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        d.scrape().sum(
+            "pgio_tracked_processes",
+            &[("app", "test"), ("role", "tls")],
+        ) >= 1.0
+    });
+    assert!(tracked, "pgio-load not tracked; log:\n{}", d.log_text());
+    let child = top(
+        &[
+            "--once",
+            "--json",
+            "--interval",
+            "3",
+            "--url",
+            &url,
+            "--ca-file",
+            &ca,
+            "--user",
+            "prometheus",
+            "--app",
+            "test",
+            "--metric",
+            "syscall",
+        ],
+        Some("s3cret"),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn top");
+    // top scrapes at once, then after 3 s: the reads run in between.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(load.expect_run(), READS);
+    let out = child.wait_with_output().expect("top");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let pread = j["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["metric"] == "syscall" && r["labels"]["syscall"] == "pread64")
+        .unwrap_or_else(|| panic!("no pread64 row: {j}"));
+    eprintln!(
+        "top over https + basic auth: pread64 count {}",
+        pread["count"]
+    );
+    assert_eq!(pread["count"].as_u64(), Some(READS));
+
+    // --insecure: no verification, still the password.
+    let out = top(
+        &[
+            "--once",
+            "--json",
+            "--interval",
+            "0.2",
+            "--url",
+            &url,
+            "--insecure",
+            "--user",
+            "prometheus",
+        ],
+        Some("s3cret"),
+    )
+    .output()
+    .expect("top --insecure");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // CAs that did not sign the daemon's certificate: one of another name, one of the same
+    // name (rcgen names every simple self-signed certificate alike).
+    for (ca_pem, problem) in [
+        (
+            named_ca.display().to_string(),
+            "it is not signed by a trusted CA (unknown issuer)",
+        ),
+        (
+            stranger.cert.display().to_string(),
+            "the trusted CA of its issuer's name did not sign it (bad signature)",
+        ),
+    ] {
+        let (code, err) = top_fails(
+            &[
+                "--once",
+                "--url",
+                &url,
+                "--ca-file",
+                &ca_pem,
+                "--user",
+                "prometheus",
+            ],
+            Some("s3cret"),
+        );
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "{url}: the server's TLS certificate is refused: {problem}; pass --ca-file with \
+                 the CA that signed it"
+            )),
+            "{err}"
+        );
+    }
+    // The right CA, a host name in the URL that the certificate does not hold.
+    let (code, err) = top_fails(
+        &[
+            "--once",
+            "--url",
+            &format!("https://localhost:{}/metrics", d.port),
+            "--ca-file",
+            &ca,
+        ],
+        None,
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("it is not valid for the URL's host"), "{err}");
+    // No password, a wrong one, a user without one.
+    let (code, err) = top_fails(&["--once", "--url", &url, "--ca-file", &ca], None);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{url} answered HTTP 401")) && err.contains("--user"),
+        "{err}"
+    );
+    let (code, err) = top_fails(
+        &[
+            "--once",
+            "--url",
+            &url,
+            "--ca-file",
+            &ca,
+            "--user",
+            "prometheus",
+        ],
+        Some("wrong"),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("answered HTTP 401 (wrong user or password"),
+        "{err}"
+    );
+    let (code, err) = top_fails(
+        &[
+            "--once",
+            "--url",
+            &url,
+            "--ca-file",
+            &ca,
+            "--user",
+            "prometheus",
+        ],
+        None,
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("the password goes in PGIO_TOP_PASSWORD"),
+        "{err}"
+    );
+    // Plain HTTP to the TLS port.
+    let plain = format!("http://127.0.0.1:{}/metrics", d.port);
+    let (code, err) = top_fails(&["--once", "--url", &plain], None);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{plain} did not answer HTTP (a daemon serving HTTPS? try https://)"
+        )),
+        "{err}"
+    );
+    // The bcrypt runs: the right password once, "wrong" once.
+    let verifications = d.scrape().sum("pgio_http_auth_verifications_total", &[]);
+    eprintln!("bcrypt runs: {verifications}");
+    assert_eq!(verifications, 2.0);
 }

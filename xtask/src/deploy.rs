@@ -1,14 +1,20 @@
 //! `cargo xtask deploy-check`: the Kubernetes manifests in `deploy/`, checked offline.
 //!
 //! - `helm lint --strict` and `helm template` of `deploy/helm/pgio`, `kubectl kustomize` of
-//!   `deploy/kustomize`, each with its defaults and with its options (PodMonitor, Localhost
-//!   seccomp profile);
+//!   `deploy/kustomize`, each with its defaults, with its options (PodMonitor, Localhost
+//!   seccomp profile), and with those and HTTPS + basic auth (`--web-config-file` from a
+//!   Secret); the chart also with web.yml inline;
 //! - kubeconform `-strict` on every render against the JSON schemas PyPI `kubernetes-validate`
 //!   ships (no network at validation time), for the oldest and the newest Kubernetes supported;
 //! - the Helm and kustomize renders agree on everything that matters on a node (pod spec,
 //!   container, volumes, probes, resources, pgio.toml as parsed TOML, Service, ServiceAccount,
 //!   PodMonitor), and each keeps the security invariants (no privileged, no SYS_ADMIN, read-only
 //!   root and host mounts, ...). A difference fails with the path of each differing field.
+//! - with HTTPS on, the pieces agree with each other: `--web-config-file` names a file in a
+//!   read-only 0400 Secret mount, the web.yml shipped for that Secret names its certificate and
+//!   key inside the mount, the probes and the pod annotation say HTTPS, the PodMonitor scrapes
+//!   https with a tlsConfig (and basic auth); with it off none of them does. (`tests/
+//!   deploy_config.rs` runs the daemon from the kustomize render, over HTTPS.)
 //!
 //! helm and kubeconform are built once per clone with `go install` (Go module proxy) into
 //! `<target>/deploy-tools/`, the schemas unpacked there too; later runs reuse them.
@@ -64,6 +70,28 @@ const HELM_OPTIONS: [&str; 3] = [
 ];
 const KUSTOMIZE_COMPONENTS: [&str; 2] = ["podmonitor", "seccomp-localhost"];
 
+/// The options and HTTPS with basic auth: the Helm values that match the kustomize components
+/// below.
+const HELM_WEB: [&str; 8] = [
+    "podMonitor.enabled=true",
+    "securityContext.seccompProfile.type=Localhost",
+    "securityContext.seccompProfile.localhostProfile=pgio.json",
+    "webConfig.enabled=true",
+    "podMonitor.basicAuth.username.name=pgio-scrape-auth",
+    "podMonitor.basicAuth.username.key=username",
+    "podMonitor.basicAuth.password.name=pgio-scrape-auth",
+    "podMonitor.basicAuth.password.key=password",
+];
+const KUSTOMIZE_WEB_COMPONENTS: [&str; 4] = [
+    "podmonitor",
+    "seccomp-localhost",
+    "web-tls",
+    "web-basic-auth",
+];
+
+/// The web.yml shipped for the Secret `pgio-web-config` (also given inline to the chart here).
+const SHIPPED_WEB_YML: &str = "deploy/kustomize/components/web-tls/web.yml";
+
 /// Capabilities that would make the DaemonSet as good as privileged.
 const FORBIDDEN_CAPS: [&str; 3] = ["ALL", "SYS_ADMIN", "CAP_SYS_ADMIN"];
 
@@ -113,11 +141,17 @@ pub fn check(root: &Path) -> Result<()> {
     let schemas = ensure_schemas(&p.tools)?;
 
     let newest = KUBE_VERSIONS[KUBE_VERSIONS.len() - 1];
-    for v in KUBE_VERSIONS {
+    for (v, set) in KUBE_VERSIONS
+        .iter()
+        .flat_map(|v| [(v, &[][..]), (v, &HELM_WEB[..])])
+    {
         let mut lint = helm_cmd(&helm, &p);
         lint.args(["lint", "--strict", "--kube-version", v])
             .arg(&p.chart)
             .args(["--namespace", NAMESPACE]);
+        for s in set {
+            lint.args(["--set", s]);
+        }
         step(describe(&lint));
         let out = output(&mut lint)?;
         ensure!(
@@ -125,24 +159,58 @@ pub fn check(root: &Path) -> Result<()> {
             "helm lint --strict did not pass:\n{out}"
         );
     }
-    let helm_default = helm_template(&helm, &p, newest, &[], "helm-default")?;
-    let helm_options = helm_template(&helm, &p, newest, &HELM_OPTIONS, "helm-options")?;
+    let helm_default = helm_template(&helm, &p, newest, &[], &[], "helm-default")?;
+    let helm_options = helm_template(&helm, &p, newest, &HELM_OPTIONS, &[], "helm-options")?;
+    let helm_web = helm_template(&helm, &p, newest, &HELM_WEB, &[], "helm-web")?;
+    let helm_web_inline = helm_template(
+        &helm,
+        &p,
+        newest,
+        &["webConfig.enabled=true", "webConfig.secretName=pgio-tls"],
+        &[&format!("webConfig.webYml={SHIPPED_WEB_YML}")],
+        "helm-web-inline",
+    )?;
     let kust_default = kustomize(&kubectl, &p, &p.kustomize, "kustomize-default")?;
-    let overlay = write_overlay(&p)?;
+    let overlay = write_overlay(&p, "kustomize-overlay", &KUSTOMIZE_COMPONENTS)?;
     let kust_options = kustomize(&kubectl, &p, &overlay, "kustomize-options")?;
+    let web_overlay = write_overlay(&p, "kustomize-web-overlay", &KUSTOMIZE_WEB_COMPONENTS)?;
+    let kust_web = kustomize(&kubectl, &p, &web_overlay, "kustomize-web")?;
 
     let crd_schemas = write_crd_schemas(&p.out)?;
-    let renders = [&helm_default, &helm_options, &kust_default, &kust_options];
+    let renders = [
+        &helm_default,
+        &helm_options,
+        &helm_web,
+        &helm_web_inline,
+        &kust_default,
+        &kust_options,
+        &kust_web,
+    ];
     for v in KUBE_VERSIONS {
         for r in renders {
             kubeconform_check(&kubeconform, &schemas, &crd_schemas, v, r)?;
         }
     }
 
+    let shipped_web_yml = fs::read_to_string(p.root.join(SHIPPED_WEB_YML))
+        .with_context(|| format!("reading {SHIPPED_WEB_YML}"))?;
     for r in renders {
         invariants(r, &version).with_context(|| format!("{} ({})", r.what, r.file.display()))?;
+        let https = web_invariants(r, &shipped_web_yml)
+            .with_context(|| format!("{} ({})", r.what, r.file.display()))?;
+        let want = [&helm_web, &helm_web_inline, &kust_web]
+            .iter()
+            .any(|w| w.what == r.what);
+        ensure!(
+            https == want,
+            "{}: HTTPS is {} but should be {} ({})",
+            r.what,
+            if https { "on" } else { "off" },
+            if want { "on" } else { "off" },
+            r.file.display()
+        );
     }
-    for r in [&helm_options, &kust_options] {
+    for r in [&helm_options, &kust_options, &helm_web, &kust_web] {
         let ds = only(r, "DaemonSet")?;
         let sp =
             &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"];
@@ -160,9 +228,12 @@ pub fn check(root: &Path) -> Result<()> {
 
     agree(&helm_default, &kust_default)?;
     agree(&helm_options, &kust_options)?;
+    agree(&helm_web, &kust_web)?;
     step(format!(
-        "deploy-check: the Helm and kustomize renders agree (defaults, and with {}); {} in {}",
+        "deploy-check: the Helm and kustomize renders agree (defaults, with {}, and with {}); \
+         {} in {}",
         KUSTOMIZE_COMPONENTS.join(" + "),
+        KUSTOMIZE_WEB_COMPONENTS.join(" + "),
         p.out.display(),
         fmt_duration(started.elapsed())
     ));
@@ -357,12 +428,38 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
                "properties": props, "required": required})
     };
     let labels = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let key_ref = closed(
+        json!({"name": {"type": "string", "minLength": 1}, "key": {"type": "string", "minLength": 1},
+               "optional": {"type": "boolean"}}),
+        &["name", "key"],
+    );
+    let secret_or_config_map = json!({
+        "type": "object", "additionalProperties": false, "minProperties": 1, "maxProperties": 1,
+        "properties": {"secret": key_ref, "configMap": key_ref},
+    });
+    // The operator's SafeTLSConfig (what a PodMonitor endpoint takes).
+    let tls_config = json!({
+        "type": "object", "additionalProperties": false, "minProperties": 1,
+        "properties": {
+            "ca": secret_or_config_map,
+            "cert": secret_or_config_map,
+            "keySecret": key_ref,
+            "serverName": {"type": "string", "minLength": 1},
+            "insecureSkipVerify": {"type": "boolean"},
+            "minVersion": {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]},
+            "maxVersion": {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]},
+        },
+    });
     let endpoint = closed(
         json!({
             "port": {"type": "string"},
             "path": {"type": "string"},
             "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
             "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+            "scheme": {"enum": ["http", "https"]},
+            "tlsConfig": tls_config,
+            "basicAuth": closed(json!({"username": key_ref, "password": key_ref}),
+                                &["username", "password"]),
         }),
         &["port"],
     );
@@ -407,6 +504,7 @@ fn helm_template(
     p: &Paths,
     kube_version: &str,
     set: &[&str],
+    set_file: &[&str],
     name: &str,
 ) -> Result<Render> {
     let mut cmd = helm_cmd(helm, p);
@@ -418,6 +516,9 @@ fn helm_template(
     ]);
     for s in set {
         cmd.args(["--set", s]);
+    }
+    for s in set_file {
+        cmd.args(["--set-file", s]);
     }
     render(&mut cmd, p, name)
 }
@@ -449,10 +550,10 @@ fn render(cmd: &mut Command, p: &Paths, name: &str) -> Result<Render> {
     })
 }
 
-/// An overlay of the base with every optional component, in the output directory. kustomize
-/// wants relative paths to what an overlay includes.
-fn write_overlay(p: &Paths) -> Result<PathBuf> {
-    let dir = p.out.join("kustomize-overlay");
+/// An overlay of the base with these components, in the output directory. kustomize wants
+/// relative paths to what an overlay includes.
+fn write_overlay(p: &Paths, name: &str, components: &[&str]) -> Result<PathBuf> {
+    let dir = p.out.join(name);
     make_dir(&dir)?;
     let base = relative(&dir, &p.kustomize)?;
     let mut text = format!(
@@ -460,7 +561,7 @@ fn write_overlay(p: &Paths) -> Result<PathBuf> {
          components:\n",
         base.display()
     );
-    for c in KUSTOMIZE_COMPONENTS {
+    for c in components {
         text.push_str(&format!(
             "  - {}\n",
             base.join("components").join(c).display()
@@ -757,6 +858,198 @@ fn invariants(r: &Render, version: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--web-config-file`: whether the render serves HTTPS, and that its pieces fit together: the
+/// file sits in a read-only 0400 mount of Secrets only; the web.yml it will find there (the
+/// chart's inline one, else the one shipped for the Secret) names its certificate and key as
+/// keys of that mount; the probes, the pod's `prometheus.io/scheme` and each PodMonitor
+/// endpoint say HTTPS, the latter with a tlsConfig. Plain HTTP: none of them does.
+fn web_invariants(r: &Render, shipped_web_yml: &str) -> Result<bool> {
+    let tmpl = &only(r, "DaemonSet")?["spec"]["template"];
+    let pod = &tmpl["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let probe_schemes: Vec<(&str, &Value)> = ["startupProbe", "livenessProbe", "readinessProbe"]
+        .into_iter()
+        .map(|k| (k, &c[k]["httpGet"]["scheme"]))
+        .collect();
+    let annotation = &tmpl["metadata"]["annotations"]["prometheus.io/scheme"];
+    let endpoints: Vec<&Value> = r
+        .docs
+        .iter()
+        .filter(|d| d["kind"] == "PodMonitor")
+        .flat_map(|d| {
+            d["spec"]["podMetricsEndpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .collect();
+
+    let flag = args
+        .iter()
+        .position(|a| *a == "--web-config-file" || a.starts_with("--web-config-file="));
+    let Some(i) = flag else {
+        for (probe, scheme) in &probe_schemes {
+            ensure!(
+                scheme.is_null() || *scheme == "HTTP",
+                "no --web-config-file (plain HTTP), but {probe} uses scheme {scheme}"
+            );
+        }
+        ensure!(
+            annotation.is_null(),
+            "no --web-config-file (plain HTTP), but prometheus.io/scheme is {annotation}"
+        );
+        for e in &endpoints {
+            ensure!(
+                (e["scheme"].is_null() || e["scheme"] == "http") && e["tlsConfig"].is_null(),
+                "no --web-config-file (plain HTTP), but the PodMonitor scrapes with scheme {} \
+                 and tlsConfig {}",
+                e["scheme"],
+                e["tlsConfig"]
+            );
+        }
+        return Ok(false);
+    };
+
+    let file = match args[i].split_once('=') {
+        Some((_, v)) => Some(v),
+        None => args.get(i + 1).copied(),
+    }
+    .context("--web-config-file without a path")?;
+    let file = Path::new(file);
+    let (Some(dir), Some(name)) = (
+        file.parent().filter(|_| file.is_absolute()),
+        file.file_name().and_then(|n| n.to_str()),
+    ) else {
+        bail!(
+            "--web-config-file {}: not an absolute file path",
+            file.display()
+        );
+    };
+    let mount = c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
+        .with_context(|| {
+            format!(
+                "--web-config-file {}: nothing is mounted at {}",
+                file.display(),
+                dir.display()
+            )
+        })?;
+    let mount_name = str_of(&mount["name"], "volumeMounts[].name")?;
+    ensure!(
+        mount["readOnly"] == true && mount.get("subPath").is_none(),
+        "the web config mount {mount_name} must be readOnly, without subPath: {mount}"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount_name)
+        .with_context(|| format!("volumeMount {mount_name} has no volume"))?;
+    let (secrets, mode): (Vec<&str>, &Value) = if volume["secret"].is_object() {
+        (
+            vec![str_of(
+                &volume["secret"]["secretName"],
+                "secret.secretName",
+            )?],
+            &volume["secret"]["defaultMode"],
+        )
+    } else if let Some(sources) = volume["projected"]["sources"].as_array() {
+        let mut names = Vec::new();
+        for s in sources {
+            ensure!(
+                s.as_object().is_some_and(|o| o.len() == 1) && s["secret"]["items"].is_null(),
+                "volume {mount_name}: every projected source must be a whole Secret, not {s}"
+            );
+            names.push(str_of(&s["secret"]["name"], "projected secret name")?);
+        }
+        (names, &volume["projected"]["defaultMode"])
+    } else {
+        bail!("volume {mount_name} holds the web config and key: it must be a Secret, is {volume}");
+    };
+    ensure!(
+        mode == 0o400,
+        "volume {mount_name}: defaultMode should be 256 (0400: the key is for pgio alone), is {mode}"
+    );
+
+    // The web.yml pgio will read: the chart's own Secret's, or what the docs put in the user's.
+    let inline = r
+        .docs
+        .iter()
+        .find(|d| d["kind"] == "Secret" && secrets.iter().any(|s| d["metadata"]["name"] == *s));
+    let (text, from) = match inline {
+        Some(secret) => (
+            str_of(&secret["stringData"][name], "the inline web.yml").with_context(|| {
+                format!("the Secret {} has no {name}", secret["metadata"]["name"])
+            })?,
+            format!("the Secret {}", secret["metadata"]["name"]),
+        ),
+        None => {
+            ensure!(
+                name == "web.yml",
+                "--web-config-file {}: the Secret's documented key is web.yml",
+                file.display()
+            );
+            (shipped_web_yml, SHIPPED_WEB_YML.to_owned())
+        }
+    };
+    let web: Value = serde_yaml_ng::from_str(text).with_context(|| format!("parsing {from}"))?;
+    for (key, secret_key) in [("cert_file", "tls.crt"), ("key_file", "tls.key")] {
+        let f = str_of(
+            &web["tls_server_config"][key],
+            &format!("{from}: tls_server_config.{key}"),
+        )?;
+        // Relative to web.yml's directory (the mount), as pgio resolves it.
+        let resolved = dir.join(f);
+        ensure!(
+            resolved == dir.join(secret_key),
+            "{from}: tls_server_config.{key} = {f:?} is {} in the pod, but the Secret's key \
+             {secret_key} is mounted at {}",
+            resolved.display(),
+            dir.join(secret_key).display()
+        );
+    }
+
+    for (probe, scheme) in &probe_schemes {
+        ensure!(
+            *scheme == "HTTPS",
+            "--web-config-file is set, but {probe} uses scheme {scheme} (the kubelet would speak \
+             plain HTTP to the TLS port)"
+        );
+    }
+    if !annotation.is_null() || tmpl["metadata"]["annotations"]["prometheus.io/scrape"] == "true" {
+        ensure!(
+            annotation == "https",
+            "--web-config-file is set, but prometheus.io/scheme is {annotation}"
+        );
+    }
+    for e in &endpoints {
+        ensure!(
+            e["scheme"] == "https" && e["tlsConfig"].as_object().is_some_and(|t| !t.is_empty()),
+            "--web-config-file is set, but the PodMonitor scrapes with scheme {} and tlsConfig {}",
+            e["scheme"],
+            e["tlsConfig"]
+        );
+    }
+    step(format!(
+        "{}: HTTPS from {} in Secret {} (0400, read-only), certificate and key as keys next to \
+         it, probes HTTPS, {} PodMonitor endpoint(s) https",
+        r.what,
+        file.display(),
+        secrets.join(" + "),
+        endpoints.len()
+    ));
+    Ok(true)
 }
 
 // ---- Helm vs kustomize -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! `pgio-daemon top`: a running daemon's histograms in a terminal, for a node without Grafana.
 //! It scrapes /metrics (protobuf) every interval and shows what each filtered row did in it.
 //! Live in a terminal (q quits), as plain text where the terminal cannot move the cursor,
-//! `--once` for one interval, `--json` for scripts.
+//! `--once` for one interval, `--json` for scripts. HTTPS and basic auth for a daemon run with
+//! `--web-config-file`.
 mod interval;
 mod render;
 mod scrape;
@@ -18,13 +19,26 @@ use crossterm::{
 use serde_json::json;
 
 pub use interval::{Filter, Hist, Metric, Row};
-use scrape::{Scrape, Scraper};
+use scrape::{Credentials, Scrape, Scraper, Trust};
+
+/// The basic auth password of `--user` (not a flag: it would show in `ps`).
+const PASSWORD_ENV: &str = "PGIO_TOP_PASSWORD";
 
 #[derive(clap::Args, Debug)]
 pub struct TopArgs {
-    /// The daemon's /metrics.
+    /// The daemon's /metrics: http://, or https:// for a daemon run with --web-config-file.
     #[arg(long, default_value = "http://127.0.0.1:9435/metrics")]
     pub url: String,
+    /// https://: trust only the CA certificates in this PEM file (a private CA, or the
+    /// daemon's self-signed certificate) instead of the system's.
+    #[arg(long, value_name = "PEM", conflicts_with = "insecure")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// https://: do not verify the daemon's certificate.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Basic auth user; the password comes from the environment variable PGIO_TOP_PASSWORD.
+    #[arg(long)]
+    pub user: Option<String>,
     /// Seconds per interval.
     #[arg(long, default_value_t = 2.0, value_parser = positive_seconds)]
     pub interval: f64,
@@ -191,9 +205,40 @@ fn header(args: &TopArgs, seconds: f64, width: usize) -> String {
     )
 }
 
+impl TopArgs {
+    fn trust(&self) -> Trust {
+        match (&self.ca_file, self.insecure) {
+            (Some(pem), _) => Trust::CaFile(pem.clone()),
+            (None, true) => Trust::Insecure,
+            (None, false) => Trust::System,
+        }
+    }
+
+    fn credentials(&self) -> Result<Option<Credentials>> {
+        let Some(user) = &self.user else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            !user.contains(':'),
+            "--user {user:?}: a basic auth user name cannot contain ':'"
+        );
+        let password = std::env::var(PASSWORD_ENV)
+            .with_context(|| format!("--user {user}: the password goes in {PASSWORD_ENV}"))?;
+        Ok(Some(Credentials {
+            user: user.clone(),
+            password,
+        }))
+    }
+}
+
 pub fn run(args: TopArgs) -> Result<()> {
     let interval = Duration::from_secs_f64(args.interval);
-    let scraper = Scraper::new(&args.url, interval.max(Duration::from_secs(5)))?;
+    let scraper = Scraper::new(
+        &args.url,
+        interval.max(Duration::from_secs(5)),
+        &args.trust(),
+        args.credentials()?.as_ref(),
+    )?;
     let live = !args.once
         && !args.json
         && std::io::stdout().is_terminal()
