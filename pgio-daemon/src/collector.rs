@@ -29,7 +29,7 @@ pub trait Source: Send + Sync {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot>;
 
     /// Moves the keys of provisional series classified since out of the kernel maps (see
-    /// `fold_provisional`); only histogram sources have any.
+    /// `every_second`); only histogram sources have any.
     fn fold(&self, _routes: &Provisional) -> Result<()> {
         Ok(())
     }
@@ -130,7 +130,7 @@ impl Collector {
     /// their provisional kernel keys (waiting for the next scrape would let them pile up:
     /// under heavy connection churn, a thousand new backends a second and a 30 s scrape
     /// interval, they could fill the histogram maps), then balances the maps' shares.
-    pub fn fold_provisional(self: Arc<Collector>) {
+    pub fn every_second(self: Arc<Collector>) {
         loop {
             std::thread::sleep(Duration::from_secs(1));
             let _pass = lock(&self.pass);

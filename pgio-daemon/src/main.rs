@@ -383,11 +383,11 @@ async fn serve(started: Started) -> Result<()> {
         _bpf_stats,
     } = started;
     let listener = tokio::net::TcpListener::from_std(listener).context("listening socket")?;
-    let fold = collector.clone();
+    let passes = collector.clone();
     std::thread::Builder::new()
-        .name("fold-provisional".into())
-        .spawn(move || fold.fold_provisional())
-        .context("starting the provisional-series thread")?;
+        .name("map-passes".into())
+        .spawn(move || passes.every_second())
+        .context("starting the map-passes thread (provisional folds, map shares)")?;
     let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
 
     // The bound address: with port 0 the kernel picked one.

@@ -1,7 +1,7 @@
 //! Provisional series of freshly forked processes. A postmaster's child runs in its own
 //! kernel series `PROVISIONAL | tgid` until pgio has read its title (a millisecond or so).
 //! Its events are held back while that lasts; once the child is classified, the next map read
-//! (a scrape, or `collector::fold_provisional` within a second) folds them into the series it
+//! (a scrape, or `collector::Collector::every_second`) folds them into the series it
 //! was classified as and deletes them from the kernel map. A child
 //! that exits unclassified has its events folded into its cluster's `role="starting"` series.
 //! So connection churn books no event under a wrong series, and every exported series stays
