@@ -19,7 +19,7 @@ use common::Daemon;
 use pgio_testkit::{
     LoopDevice, Metrics, PgCluster,
     fake::{AttackerFiles, Fake, NOBODY},
-    load::{LoadProcess, pgio_load_bin},
+    load::{direct_reader, reader_rule},
     pg_bin_dir, require_root, temp_dir, wait_until,
 };
 
@@ -51,9 +51,8 @@ fn a_made_up_cluster_cannot_fill_a_histogram_map() {
     let lo = LoopDevice::create_written(dir.path(), 64 << 20, true).expect("loop device");
 
     let daemon = Daemon::with_config(&format!(
-        "rescan_interval_secs = 1\nmax_series_per_group = {BACKENDS}\nhist_map_max_entries = {MAP}\n\
-         [[rule]]\napp = \"test\"\nrole = \"reader\"\ncomm = \"^pgio-load$\"\ncmdline = \"{} \"\n",
-        lo.path().display()
+        "rescan_interval_secs = 1\nmax_series_per_group = {BACKENDS}\nhist_map_max_entries = {MAP}\n{}",
+        reader_rule(lo.path(), "reader")
     ))
     .expect("daemon");
     let before = daemon.scrape();
@@ -96,16 +95,7 @@ fn a_made_up_cluster_cannot_fill_a_histogram_map() {
     // starts, a root process reads, the cluster gets a new database and works in it.
     pg.start().expect("start");
     daemon.wait_tracked("postgres", "checkpointer");
-    let mut reader = LoadProcess::spawn(
-        &pgio_load_bin().expect("pgio-load"),
-        [
-            "direct-read",
-            lo.path().to_str().expect("utf-8"),
-            &READS.to_string(),
-            "4096",
-        ],
-    )
-    .expect("spawn pgio-load");
+    let mut reader = direct_reader(lo.path(), READS, 4096).expect("spawn pgio-load");
     daemon.wait_tracked("test", "reader");
     let reader_before = daemon.scrape();
     reader.go().expect("go");

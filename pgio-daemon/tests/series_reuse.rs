@@ -16,7 +16,7 @@ use common::Daemon;
 use pgio_testkit::{
     LoopDevice, Metrics, PgCluster,
     fake::{AttackerFiles, Fake},
-    load::{LoadProcess, pgio_load_bin},
+    load::{direct_reader, reader_rule},
     pg_bin_dir, require_root, temp_dir, wait_until,
 };
 
@@ -57,9 +57,8 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
     let lo = LoopDevice::create_written(dir.path(), 16 << 20, true).expect("loop device");
     let daemon = Daemon::with_config(&format!(
         "rescan_interval_secs = 1\nseries_retention_secs = 1\nmax_series = {MAX_SERIES}\n\
-         max_series_per_group = {MAX_SERIES}\n\
-         [[rule]]\napp = \"test\"\nrole = \"reader\"\ncomm = \"^pgio-load$\"\ncmdline = \"{} \"\n",
-        lo.path().display()
+         max_series_per_group = {MAX_SERIES}\n{}",
+        reader_rule(lo.path(), "reader")
     ))
     .expect("daemon");
     daemon.wait_tracked("postgres", "checkpointer");
@@ -103,16 +102,7 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
         );
     }
 
-    let mut reader = LoadProcess::spawn(
-        &pgio_load_bin().expect("pgio-load"),
-        [
-            "direct-read",
-            lo.path().to_str().expect("utf-8"),
-            &READS.to_string(),
-            "4096",
-        ],
-    )
-    .expect("spawn pgio-load");
+    let mut reader = direct_reader(lo.path(), READS, 4096).expect("spawn pgio-load");
     daemon.wait_tracked("test", "reader");
     let before = daemon.scrape();
     reader.go().expect("go");

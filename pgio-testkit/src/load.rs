@@ -168,6 +168,30 @@ fn parse_done_fields<'a>(fields: impl Iterator<Item = &'a str>) -> Vec<(String, 
         .collect()
 }
 
+/// `pgio-load direct-read <device> <reads> <block_size>`, ready and waiting for `go`.
+pub fn direct_reader(device: &Path, reads: u64, block_size: u32) -> Result<LoadProcess> {
+    let device = device
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", device.display()))?;
+    LoadProcess::spawn(
+        &pgio_load_bin()?,
+        [
+            "direct-read",
+            device,
+            &reads.to_string(),
+            &block_size.to_string(),
+        ],
+    )
+}
+
+/// A user rule booking `pgio-load` runs on `device` as `app="test"`, `role`.
+pub fn reader_rule(device: &Path, role: &str) -> String {
+    format!(
+        "[[rule]]\napp = \"test\"\nrole = \"{role}\"\ncomm = \"^pgio-load$\"\ncmdline = \"{} \"\n",
+        device.display()
+    )
+}
+
 /// Path of the `pgio-load` binary for integration tests of any workspace crate:
 /// `$PGIO_LOAD_BIN` if set, else `target/<profile>/pgio-load` next to the running test
 /// executable (`target/<profile>/deps/<test>`). Builds it with
