@@ -70,6 +70,8 @@ mod pod {
     unsafe impl aya::Pod for crate::kernel_offsets::KernelOffsets {}
     unsafe impl aya::Pod for crate::syscall::SyscallKey {}
     unsafe impl aya::Pod for crate::syscall::SyscallStart {}
+    unsafe impl aya::Pod for crate::syscall::CpuSyscall {}
+    unsafe impl aya::Pod for crate::syscall::SyscallRow {}
     unsafe impl aya::Pod for crate::lifecycle::LifecycleEvent {}
     unsafe impl aya::Pod for crate::query::QueryKey {}
     unsafe impl aya::Pod for crate::query::QueryState {}

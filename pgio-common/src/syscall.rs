@@ -107,7 +107,8 @@ pub struct SyscallKey {
     pub _pad: u8,
 }
 
-/// Value of the per-thread `SYSCALL_START` map.
+/// A timed syscall's start: in its CPU's `SYSCALL_CPU` while the thread runs there, moved
+/// into `SYSCALL_SPILLED` (by thread id) when the thread is switched out mid-call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SyscallStart {
@@ -117,6 +118,80 @@ pub struct SyscallStart {
     /// Set by `block_io_start` when this thread submits a block request during the call.
     pub block_io: u8,
     pub _pad: u16,
+}
+
+/// Value of the per-CPU `SYSCALL_CPU`: the tracked syscall in progress on this CPU. Between a
+/// thread's enter and exit no other thread runs on the CPU unless the scheduler switches,
+/// and `sched_switch` moves a pending start out first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuSyscall {
+    pub tid: u32,
+    pub _pad: u32,
+    /// `start.start_ns == 0`: none pending.
+    pub start: SyscallStart,
+}
+
+/// Rows of the dense per-CPU `SYSCALL_ROWS` array: the histograms of the hottest (series,
+/// syscall, cache) triples are counted there with no hashing; a triple whose row another
+/// holds on this CPU goes to `SYSCALL_HIST` as before. 256 rows: 135 KiB per CPU.
+pub const SYSCALL_ROWS: u32 = 256;
+
+/// One histogram of `SYSCALL_ROWS`. `tag` first: a reader that copies the row while the
+/// kernel reclaims it sees the old tag (and skips the row) or the new one with zeroed slots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SyscallRow {
+    /// [`SyscallRow::tag`] of the triple counted here; 0: free.
+    pub tag: u64,
+    /// Sum of the values (ns), for `_sum`.
+    pub sum: u64,
+    pub slots: [u64; crate::hist::SLOTS],
+}
+
+/// A row tag's fields: (series, generation, syscall, cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowTag {
+    pub series: SeriesId,
+    /// `SYSCALL_ROW_GEN[series]` when the row was claimed: a freed series id's generation
+    /// moves on, so its rows are stale before the id is given out again.
+    pub generation: u16,
+    pub syscall: u8,
+    pub cache: u8,
+}
+
+impl RowTag {
+    /// Never 0 (bit 0 is set).
+    #[inline(always)]
+    pub const fn encode(self) -> u64 {
+        (self.series.0 as u64) << 32
+            | (self.generation as u64) << 16
+            | (self.syscall as u64) << 8
+            | (self.cache as u64) << 4
+            | 1
+    }
+
+    pub const fn decode(tag: u64) -> Option<RowTag> {
+        if tag & 1 == 0 {
+            return None;
+        }
+        Some(RowTag {
+            series: SeriesId((tag >> 32) as u32),
+            generation: (tag >> 16) as u16,
+            syscall: (tag >> 8) as u8,
+            cache: ((tag >> 4) & 0xf) as u8,
+        })
+    }
+
+    /// The row this triple may take: a multiplicative hash, so a series' syscalls and
+    /// consecutive series ids spread over the rows. The generation is left out: a reused id's
+    /// triple reclaims its own stale row.
+    #[inline(always)]
+    pub const fn row(self) -> u32 {
+        let x = ((self.series.0 as u64) << 8 | (self.syscall as u64) << 2 | self.cache as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (x >> 32) as u32 & (SYSCALL_ROWS - 1)
+    }
 }
 
 /// futex(2) commands that wait (after masking PRIVATE and CLOCK_REALTIME): WAIT,
@@ -147,6 +222,39 @@ mod tests {
         assert!(!futex_op_waits(10)); // WAKE_BITSET
         assert!(!futex_op_waits(5)); // WAKE_OP
         assert!(!futex_op_waits(7)); // UNLOCK_PI
+    }
+
+    #[test]
+    fn row_tags_round_trip_and_rows_spread() {
+        let t = RowTag {
+            series: SeriesId(4_095),
+            generation: 65_535,
+            syscall: Syscall::Preadv2 as u8,
+            cache: Cache::Miss as u8,
+        };
+        assert_ne!(t.encode(), 0);
+        assert_eq!(RowTag::decode(t.encode()), Some(t));
+        assert_eq!(RowTag::decode(0), None);
+        // 40 series × pread64 hit/miss + futex: 120 triples take at least 90 distinct rows.
+        let mut taken = [false; SYSCALL_ROWS as usize];
+        for s in 1..=40 {
+            for (sc, c) in [
+                (Syscall::Pread64, Cache::Hit),
+                (Syscall::Pread64, Cache::Miss),
+                (Syscall::Futex, Cache::None),
+            ] {
+                let t = RowTag {
+                    series: SeriesId(s),
+                    generation: 0,
+                    syscall: sc as u8,
+                    cache: c as u8,
+                };
+                assert!(t.row() < SYSCALL_ROWS);
+                taken[t.row() as usize] = true;
+            }
+        }
+        let rows = taken.iter().filter(|t| **t).count();
+        assert!(rows >= 90, "{rows} rows");
     }
 
     #[test]

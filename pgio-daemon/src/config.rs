@@ -55,6 +55,10 @@ pub struct Config {
     /// per map. No owner (uid) may hold more than its share of a map while others need keys
     /// (see `key_quota`).
     pub hist_map_max_entries: u64,
+    /// The busiest syscall histograms are counted in 256 dense rows per CPU (135 KiB each)
+    /// with no hashing: a timed syscall's exit costs ~60 ns less (BENCHMARKS.md). Off: every
+    /// histogram in the hash map, under its owner's share.
+    pub syscall_rows: bool,
     /// A block request issued this long ago whose completion pgio has not seen is counted in
     /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
@@ -90,6 +94,8 @@ pub struct HistMapSizes {
     pub block_io: u32,
     pub syscall: u32,
     pub query: u32,
+    /// `syscall_rows`.
+    pub syscall_rows: bool,
 }
 
 /// The file as written: every field optional, and where the checked values stand, for
@@ -111,6 +117,7 @@ struct File {
     max_series_per_group: Option<Spanned<u64>>,
     max_label_len: Option<Spanned<u64>>,
     hist_map_max_entries: Option<Spanned<u64>>,
+    syscall_rows: Option<bool>,
     block_inflight_timeout_secs: Option<Spanned<u64>>,
     query_probes: Option<bool>,
     max_postgres_binaries: Option<usize>,
@@ -149,6 +156,7 @@ impl Default for Config {
             max_series_per_group: limits.per_group as u64,
             max_label_len: limits.label_len as u64,
             hist_map_max_entries: 65_536,
+            syscall_rows: true,
             block_inflight_timeout_secs: 180,
             query_probes: false,
             max_postgres_binaries: 64,
@@ -317,6 +325,7 @@ impl Config {
             max_series_per_group: or(&file.max_series_per_group, default.max_series_per_group),
             max_label_len: or(&file.max_label_len, default.max_label_len),
             hist_map_max_entries: or(&file.hist_map_max_entries, default.hist_map_max_entries),
+            syscall_rows: file.syscall_rows.unwrap_or(default.syscall_rows),
             block_inflight_timeout_secs: file
                 .block_inflight_timeout_secs
                 .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
@@ -369,6 +378,7 @@ impl Config {
             block_io: n,
             syscall: n,
             query: (n / 4).max(1024),
+            syscall_rows: self.syscall_rows,
         }
     }
 

@@ -61,9 +61,14 @@ enum Command {
     Check,
     /// A running daemon's latency histograms per interval, in the terminal (no root needed).
     Top(pgio_daemon::top::TopArgs),
-    /// Benchmark fixture: attach empty programs to sys_{enter,exit}_pread64 until SIGTERM.
+    /// Benchmark fixture: attach empty programs to pread64's hooks until SIGTERM.
     #[command(hide = true)]
-    Floor,
+    Floor {
+        /// Which hooks: the syscall tracepoints, fentry/fexit, or the `part_*` programs that
+        /// each do one piece of pgio's syscall timing.
+        #[arg(long, value_enum, default_value = "tracepoint")]
+        hooks: probes::FloorHooks,
+    },
 }
 
 fn main() -> ExitCode {
@@ -77,7 +82,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Floor => match run_floor() {
+        Command::Floor { hooks } => match run_floor(hooks) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("pgio-daemon floor: {e:#}");
@@ -180,10 +185,10 @@ fn run_check() -> ExitCode {
     }
 }
 
-fn run_floor() -> Result<()> {
+fn run_floor(hooks: probes::FloorHooks) -> Result<()> {
     require_privileges()?;
     tracefs::ensure_mounted()?;
-    let ebpf = probes::load_floor()?;
+    let ebpf = probes::load_floor(hooks)?;
     println!("ready");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, TracePoint, UProbe},
+    programs::{BtfTracePoint, FEntry, FExit, TracePoint, UProbe},
 };
 use pgio_common::{kernel_offsets::KernelOffsets, syscall::Syscall};
 use tracing::{info, warn};
@@ -124,6 +124,8 @@ pub fn table() -> Vec<Probe> {
         probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
         probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
         probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
+        // Moves a switched-out thread's pending syscall start off its CPU.
+        probe("sched_switch", BtfTracePoint, false, ProbeFamily::Syscall),
         TITLE,
         QUERY,
         QUERY_IO_WAIT,
@@ -164,25 +166,95 @@ fn require_object() -> Result<()> {
     Ok(())
 }
 
-/// Benchmark floor: only the empty `floor_sys_{enter,exit}_pread64` programs, attached to
-/// the same tracepoints pgio uses for pread64.
-pub fn load_floor() -> Result<Ebpf> {
+/// `pgio-daemon floor`'s programs (`pgio-ebpf/src/floor.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FloorHooks {
+    /// `floor_sys_{enter,exit}_pread64` on `syscalls/sys_{enter,exit}_pread64`.
+    Tracepoint,
+    /// `floor_f{entry,exit}_pread64` on the syscall's arch-specific entry point.
+    Fentry,
+    /// `floor_tp_btf_sys_{enter,exit}` on the raw `sys_enter`/`sys_exit` (every syscall).
+    TpBtf,
+    /// The `part_*` programs, all on `syscalls/sys_enter_pread64`.
+    Parts,
+}
+
+const FLOOR_PARTS: [&str; 7] = [
+    "part_pid_tgid",
+    "part_tracked",
+    "part_tid_array",
+    "part_ktime",
+    "part_task_storage",
+    "part_hash",
+    "part_array",
+];
+
+/// Benchmark floor: only the `hooks` programs are attached.
+pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
     require_object()?;
     let mut ebpf = load(
         &KernelOffsets::default(),
         false,
         crate::config::Config::default().hist_map_sizes(),
     )?;
-    for dir in ["enter", "exit"] {
-        let name = format!("floor_sys_{dir}_pread64");
-        let p: &mut TracePoint = ebpf
-            .program_mut(&name)
-            .with_context(|| format!("program {name} missing"))?
-            .try_into()?;
-        p.load()?;
-        p.attach("syscalls", &format!("sys_{dir}_pread64"))?;
+    match hooks {
+        FloorHooks::Tracepoint => {
+            for dir in ["enter", "exit"] {
+                let name = format!("floor_sys_{dir}_pread64");
+                attach_tracepoint(&mut ebpf, &name, &format!("sys_{dir}_pread64"))?;
+            }
+        }
+        FloorHooks::Parts => {
+            for name in FLOOR_PARTS {
+                attach_tracepoint(&mut ebpf, name, "sys_enter_pread64")?;
+            }
+        }
+        FloorHooks::TpBtf => {
+            let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
+            for dir in ["enter", "exit"] {
+                let p: &mut BtfTracePoint =
+                    program(&mut ebpf, &format!("floor_tp_btf_sys_{dir}"))?.try_into()?;
+                p.load(&format!("sys_{dir}"), &btf)?;
+                p.attach()?;
+            }
+        }
+        FloorHooks::Fentry => {
+            let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
+            let function = syscall_function("pread64");
+            let p: &mut FEntry = program(&mut ebpf, "floor_fentry_pread64")?.try_into()?;
+            p.load(&function, &btf)
+                .with_context(|| format!("loading fentry/{function}"))?;
+            p.attach()?;
+            let p: &mut FExit = program(&mut ebpf, "floor_fexit_pread64")?.try_into()?;
+            p.load(&function, &btf)
+                .with_context(|| format!("loading fexit/{function}"))?;
+            p.attach()?;
+        }
     }
     Ok(ebpf)
+}
+
+/// The kernel function behind syscall `name` on this architecture.
+pub fn syscall_function(name: &str) -> String {
+    let arch = if cfg!(target_arch = "aarch64") {
+        "arm64"
+    } else {
+        "x64"
+    };
+    format!("__{arch}_sys_{name}")
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} missing from the eBPF object"))
+}
+
+fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> Result<()> {
+    let p: &mut TracePoint = program(ebpf, name)?.try_into()?;
+    p.load()?;
+    p.attach("syscalls", tracepoint)
+        .with_context(|| format!("attaching {name} to syscalls/{tracepoint}"))?;
+    Ok(())
 }
 
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
@@ -195,11 +267,12 @@ fn load(offsets: &KernelOffsets, query_probes: bool, hist: HistMapSizes) -> Resu
         .unwrap_or(pgio_common::PID_MAX_LIMIT)
         .min(pgio_common::PID_MAX_LIMIT);
     EbpfLoader::new()
-        // SYSCALL_START is a task storage map: aya 0.14 creates it but has no userspace type
-        // for it (userspace never reads it).
+        // QUERY is a task storage map: aya 0.14 creates it but has no userspace type for it
+        // (userspace never reads it).
         .allow_unsupported_maps()
         .override_global(kernel_offsets::GLOBAL, offsets, true)
         .override_global(query::ENABLED_GLOBAL, &u8::from(query_probes), true)
+        .override_global(syscall::ROWS_GLOBAL, &u8::from(hist.syscall_rows), true)
         .map_max_entries(series::TRACKED_MAP, pid_max)
         .map_max_entries(block_io::HIST_MAP, hist.block_io)
         .map_max_entries(syscall::HIST_MAP, hist.syscall)

@@ -1,14 +1,19 @@
 //! Userspace side of the syscall probes: reads `SYSCALL_HIST` at scrape time and writes
 //! `pgio_syscall_seconds` and `pgio_futex_wait_seconds`.
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
-use aya::Ebpf;
+use aya::{
+    Ebpf,
+    maps::{Array, MapData, PerCpuArray},
+};
 use pgio_common::{
     SeriesId,
+    hist::Bucket,
     key_quota::HistMap,
-    syscall::{Cache, Syscall, SyscallKey},
+    syscall::{Cache, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow},
 };
+use tracing::warn;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
@@ -16,10 +21,16 @@ use crate::{
     hist::{HistKey, HistReader, Hists},
     key_quota::Balanced,
     labels::WithLabels,
-    provisional::Provisional,
+    lock,
+    maps::take_map,
+    provisional::{Provisional, Route},
 };
 
 pub const HIST_MAP: &str = "SYSCALL_HIST";
+const ROWS_MAP: &str = "SYSCALL_ROWS_MAP";
+/// The eBPF global that turns the dense rows on (`syscall_rows`).
+pub const ROWS_GLOBAL: &str = "SYSCALL_ROWS_ON";
+const ROW_GEN_MAP: &str = "SYSCALL_ROW_GEN";
 
 /// One syscall histogram: a series' calls of one syscall, by page-cache outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -70,6 +81,7 @@ impl HistKey for SyscallKey {
 
 pub struct Syscalls {
     reader: Arc<HistReader<SyscallKey>>,
+    rows: Mutex<Rows>,
 }
 
 impl Syscalls {
@@ -82,6 +94,11 @@ impl Syscalls {
                 HistMap::Syscall,
                 max_entries,
             )?),
+            rows: Mutex::new(Rows {
+                rows: take_map(ebpf, ROWS_MAP)?,
+                generation: take_map(ebpf, ROW_GEN_MAP)?,
+                generations: Vec::new(),
+            }),
         })
     }
 
@@ -89,15 +106,94 @@ impl Syscalls {
     pub fn balanced(&self) -> Arc<dyn Balanced> {
         self.reader.clone()
     }
+
+    fn read_all(&self, routes: &Provisional) -> Result<Hists<SyscallId>> {
+        let mut hists = self.reader.read(routes)?;
+        lock(&self.rows).read(routes, &mut hists)?;
+        Ok(hists)
+    }
+}
+
+/// The kernel's dense rows (`SYSCALL_ROWS_MAP`) and the generation of each series id
+/// (`SYSCALL_ROW_GEN`), which only this reader writes.
+struct Rows {
+    rows: PerCpuArray<MapData, SyscallRow>,
+    generation: Array<MapData, u32>,
+    /// Mirror of `SYSCALL_ROW_GEN`, by series id.
+    generations: Vec<u16>,
+}
+
+impl Rows {
+    fn generation(&self, series: SeriesId) -> u16 {
+        self.generations
+            .get(series.0 as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Adds each CPU's rows of live series to `out`, then moves the generation of the series
+    /// retired at this read on: their rows go stale before the ids are given out again
+    /// (moving it twice for one retirement is harmless).
+    fn read(&mut self, routes: &Provisional, out: &mut Hists<SyscallId>) -> Result<()> {
+        for i in 0..SYSCALL_ROWS {
+            let per_cpu = self.rows.get(&i, 0)?;
+            for row in per_cpu.iter() {
+                let Some(t) = RowTag::decode(row.tag) else {
+                    continue;
+                };
+                if t.generation != self.generation(t.series) || routes.route(t.series) != Route::Own
+                {
+                    continue;
+                }
+                let h = out
+                    .entry(SyscallId {
+                        series: t.series,
+                        syscall: t.syscall,
+                        cache: Cache::from_u8(t.cache),
+                    })
+                    .or_default();
+                for (slot, count) in row.slots.iter().enumerate() {
+                    if *count != 0 {
+                        let b = Bucket {
+                            count: *count,
+                            sum: 0,
+                            bytes: 0,
+                        };
+                        h.add(slot as u8, &b);
+                    }
+                }
+                h.sum_ns = h.sum_ns.wrapping_add(row.sum);
+            }
+        }
+        for series in &routes.retired {
+            let i = series.0 as usize;
+            if self.generations.len() <= i {
+                self.generations.resize(i + 1, 0);
+            }
+            let next = self.generations[i].wrapping_add(1);
+            match self.generation.set(series.0, u32::from(next), 0) {
+                Ok(()) => self.generations[i] = next,
+                // The id stays below the map's size (the config caps max_series); were it
+                // not, its rows would be counted under its next labels.
+                Err(e) => {
+                    warn!(series = series.0, error = %e, "moving a series' row generation on")
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Source for Syscalls {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        Box::new(SyscallSnapshot(self.reader.read_or_empty(routes)))
+        Box::new(SyscallSnapshot(self.read_all(routes).unwrap_or_else(|e| {
+            warn!(error = format!("{e:#}"), "reading the syscall histograms");
+            Hists::new()
+        })))
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.reader.read(routes).map(drop)
+        self.read_all(routes).map(drop)
     }
 }
 

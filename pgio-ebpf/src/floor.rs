@@ -1,7 +1,18 @@
-//! Benchmark fixture: empty programs for the tracepoints pgio uses for pread64. Their cost is
-//! the floor any tracer pays (`cargo xtask bench` compares pgio against it). Loaded only by
-//! `pgio-daemon floor`, never by `run`.
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+//! Benchmark fixtures, loaded only by `pgio-daemon floor`, never by `run`:
+//! - empty programs on each hook type pgio can time pread64 with: their cost is the floor any
+//!   tracer pays (`cargo xtask bench` compares pgio against it);
+//! - `part_*`: one piece of the syscall timing each, on the pread64 tracepoint, so the kernel's
+//!   per-program run time (bpf_stats) says what each piece costs.
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{btf_map, btf_tracepoint, fentry, fexit, map, tracepoint},
+    maps::{Array, PerCpuArray, PerCpuHashMap},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
+};
+use pgio_common::hist::Bucket;
+
+use crate::{task_storage::TaskStorage, tracked};
 
 #[tracepoint]
 pub fn floor_sys_enter_pread64(_ctx: TracePointContext) -> u32 {
@@ -10,5 +21,109 @@ pub fn floor_sys_enter_pread64(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn floor_sys_exit_pread64(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+/// The function name is given at load (it is arch-specific: `__x64_sys_pread64`, …).
+#[fentry(function = "sys_pread64")]
+pub fn floor_fentry_pread64(_ctx: FEntryContext) -> u32 {
+    0
+}
+
+#[fexit(function = "sys_pread64")]
+pub fn floor_fexit_pread64(_ctx: FExitContext) -> u32 {
+    0
+}
+
+/// The raw syscall tracepoints behind every `syscalls/*` event: they fire for every syscall
+/// of every process, so a program there must filter on the syscall number.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn floor_tp_btf_sys_enter(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[btf_tracepoint(function = "sys_exit")]
+pub fn floor_tp_btf_sys_exit(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[btf_map]
+static PART_START: TaskStorage<u64> = TaskStorage::new();
+
+#[map]
+static PART_HASH: PerCpuHashMap<u64, Bucket> = PerCpuHashMap::with_max_entries(1_024, 0);
+
+#[map]
+static PART_ARRAY: PerCpuArray<Bucket> = PerCpuArray::with_max_entries(1_024, 0);
+
+#[map]
+static PART_TID: Array<u64> = Array::with_max_entries(1 << 16, 0);
+
+#[tracepoint]
+pub fn part_pid_tgid(_ctx: TracePointContext) -> u32 {
+    bpf_get_current_pid_tgid() as u32
+}
+
+/// A per-thread value in an array indexed by thread id instead of task storage.
+#[tracepoint]
+pub fn part_tid_array(_ctx: TracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(p) = PART_TID.get_ptr_mut(tid & 0xffff) {
+        // SAFETY: a map value; a benchmark, races are harmless.
+        unsafe { *p += 1 };
+    }
+    0
+}
+
+/// `bpf_get_current_pid_tgid` and the `TRACKED` lookup: what an untracked process pays.
+#[tracepoint]
+pub fn part_tracked(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    tracked::series_of(tgid).map_or(0, |s| s.0)
+}
+
+#[tracepoint]
+pub fn part_ktime(_ctx: TracePointContext) -> u32 {
+    // SAFETY: no arguments.
+    unsafe { bpf_ktime_get_ns() as u32 }
+}
+
+/// The thread's own value, created on first use, written: what `enter` does with it.
+#[tracepoint]
+pub fn part_task_storage(_ctx: TracePointContext) -> u32 {
+    if let Some(p) = PART_START.current_or_zeroed() {
+        // SAFETY: this thread's own storage.
+        unsafe { *p += 1 };
+    }
+    0
+}
+
+/// One existing key of a per-CPU hash, three adds: what `hist::add` does for a known key.
+#[tracepoint]
+pub fn part_hash(_ctx: TracePointContext) -> u32 {
+    let key = 7u64;
+    match PART_HASH.get_ptr_mut(&key) {
+        // SAFETY: this CPU's value.
+        Some(b) => unsafe {
+            (*b).count += 1;
+            (*b).sum += 1_000;
+        },
+        None => {
+            let _ = PART_HASH.insert(&key, &Bucket::default(), BPF_NOEXIST as u64);
+        }
+    }
+    0
+}
+
+/// The same in a per-CPU array: no hashing, inlined by the verifier on kernels ≥ 6.10.
+#[tracepoint]
+pub fn part_array(_ctx: TracePointContext) -> u32 {
+    if let Some(b) = PART_ARRAY.get_ptr_mut(7) {
+        // SAFETY: this CPU's value.
+        unsafe {
+            (*b).count += 1;
+            (*b).sum += 1_000;
+        }
+    }
     0
 }

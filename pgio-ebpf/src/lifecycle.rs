@@ -20,7 +20,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, kernel_offsets::offsets, tracked};
+use crate::{drops, kernel_offsets::offsets, syscall, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -105,6 +105,8 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
 pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    // Every thread, tracked or not: its process may have been untracked mid-call.
+    syscall::thread_exit(tid);
     if tid != tgid {
         return 0;
     }

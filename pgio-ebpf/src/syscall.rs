@@ -1,53 +1,110 @@
 //! Syscall latency, enter → exit of the same thread, for tracked processes only.
+//!
+//! The start of a call waits in its CPU's `SYSCALL_CPU` slot: a cached read neither blocks
+//! nor is preempted, so its exit finds it there with an array lookup. When the scheduler
+//! switches a thread out mid-call (`sched_switch`), its start moves into `SYSCALL_SPILLED`,
+//! keyed by thread id, where the exit looks on any CPU.
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_map, map, tracepoint},
-    maps::PerCpuHashMap,
-    programs::TracePointContext,
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use pgio_common::{
+    CHILD_SERIES_MAX, SeriesId,
     drops::DropReason,
-    hist::{Bucket, slot},
+    hist::{Bucket, SLOTS, slot},
     key_quota::HistMap,
-    syscall::{Cache, Syscall, SyscallKey, SyscallStart, futex_op_waits},
+    syscall::{
+        Cache, CpuSyscall, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow, SyscallStart,
+        futex_op_waits,
+    },
 };
 
-use crate::{drops, hist, query, task_storage::TaskStorage, tracked};
+use crate::{drops, hist, query, tracked};
 
-/// Per-thread syscall start, in the thread's own task storage.
-#[btf_map]
-static SYSCALL_START: TaskStorage<SyscallStart> = TaskStorage::new();
+/// The tracked syscall in progress on this CPU.
+#[map]
+static SYSCALL_CPU: PerCpuArray<CpuSyscall> = PerCpuArray::with_max_entries(1, 0);
+
+/// Starts of calls whose thread was switched out before their exit, by thread id.
+/// Preallocated (the default for hash maps): `sched_switch` runs under the runqueue lock,
+/// where nothing may allocate. Entries leave at the call's exit, or at the thread's exit.
+#[map]
+static SYSCALL_SPILLED: HashMap<u32, SyscallStart> = HashMap::with_max_entries(SPILLED_MAX, 0);
+
+/// Tracked threads switched out in a timed syscall at once (idle threads' futex waits
+/// count); past it a call is not timed and counts as `syscall_start_unavailable`. ~1 MiB.
+const SPILLED_MAX: u32 = 16_384;
 
 #[map]
 static SYSCALL_HIST: PerCpuHashMap<SyscallKey, Bucket> = PerCpuHashMap::with_max_entries(65_536, 0);
+
+/// Dense rows for the hottest histograms (see `pgio_common::syscall::SYSCALL_ROWS`): an
+/// array lookup instead of hashing the key.
+#[map]
+static SYSCALL_ROWS_MAP: PerCpuArray<SyscallRow> = PerCpuArray::with_max_entries(SYSCALL_ROWS, 0);
+
+/// `syscall_rows` from the config, written by userspace at load (the verifier sees the
+/// constant and prunes what is off).
+#[unsafe(no_mangle)]
+static SYSCALL_ROWS_ON: u8 = 1;
+
+/// `series → generation`, moved on by userspace when it frees the id: rows tagged with an
+/// older generation are stale and may be reclaimed.
+#[map]
+static SYSCALL_ROW_GEN: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
 
 /// `futex(uaddr, op, ...)`: `op` is the second argument, at offset 16 + 8 in every kernel's
 /// `sys_enter_futex` record.
 const FUTEX_OP_OFFSET: usize = 24;
 
-/// Values live as long as their thread and are rewritten in place. `start_ns == 0`: the
-/// thread is outside any timed syscall.
 #[inline(always)]
 fn enter(sc: Syscall) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(series) = tracked::series_of((pid_tgid >> 32) as u32) else {
         return 0;
     };
-    let start = SyscallStart {
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        series,
-        syscall: sc as u8,
-        block_io: 0,
-        _pad: 0,
+    let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
+        return 0;
     };
-    match SYSCALL_START.current_or_zeroed() {
-        // SAFETY: this thread's own storage; nothing else writes it while the thread runs
-        // here but `block_io_start` of this same thread, which runs after this returns.
-        Some(s) => unsafe { *s = start },
-        None => drops::count(DropReason::SyscallStartUnavailable),
+    // SAFETY: this CPU's slot. Anything pending in it is this thread's own call whose exit
+    // was missed (pgio attached mid-call): another thread's would have been moved out at
+    // the switch.
+    unsafe {
+        *c = CpuSyscall {
+            tid: pid_tgid as u32,
+            _pad: 0,
+            start: SyscallStart {
+                start_ns: bpf_ktime_get_ns(),
+                series,
+                syscall: sc as u8,
+                block_io: 0,
+                _pad: 0,
+            },
+        };
     }
     0
+}
+
+/// Takes this thread's pending start: from this CPU's slot, or else from the spilled ones.
+#[inline(always)]
+fn take_start(tid: u32) -> Option<SyscallStart> {
+    if let Some(c) = SYSCALL_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot (see `enter`).
+        unsafe {
+            if (*c).tid == tid && (*c).start.start_ns != 0 {
+                let s = (*c).start;
+                (*c).start.start_ns = 0;
+                return Some(s);
+            }
+        }
+    }
+    // SAFETY: a map value; only this thread's programs touch its key.
+    let s = unsafe { *SYSCALL_SPILLED.get(&tid)? };
+    let _ = SYSCALL_SPILLED.remove(&tid);
+    Some(s)
 }
 
 #[inline(always)]
@@ -57,16 +114,10 @@ fn exit(sc: Syscall) -> u32 {
     if tracked::series_of((pid_tgid >> 32) as u32).is_none() {
         return 0;
     }
-    let Some(p) = SYSCALL_START.current() else {
+    let Some(s) = take_start(pid_tgid as u32) else {
         return 0;
     };
-    // SAFETY: this thread's own entry (see `enter`).
-    let s = unsafe { *p };
-    if s.start_ns == 0 {
-        return 0;
-    }
-    unsafe { (*p).start_ns = 0 };
-    if s.syscall != sc as u8 {
+    if s.start_ns == 0 || s.syscall != sc as u8 {
         return 0; // enter of another syscall whose exit we missed (attached mid-call)
     }
     let d = unsafe { bpf_ktime_get_ns() }.wrapping_sub(s.start_ns);
@@ -84,11 +135,60 @@ fn exit(sc: Syscall) -> u32 {
         slot: slot(d),
         _pad: 0,
     };
-    hist::add(&SYSCALL_HIST, HistMap::Syscall, s.series, &key, d, 0);
+    if !add_to_row(&key, d) {
+        hist::add(&SYSCALL_HIST, HistMap::Syscall, s.series, &key, d, 0);
+    }
     if !sc.is_wait() {
         query::add_io(d, cache == Cache::Miss);
     }
     0
+}
+
+#[inline(always)]
+fn generation(series: SeriesId) -> u16 {
+    SYSCALL_ROW_GEN.get(series.0).map_or(0, |g| *g as u16)
+}
+
+/// Counts `d` in the key's row if the row is free, its own, or stale; `false`: another
+/// triple holds it on this CPU (or the series is provisional, which userspace folds from
+/// the hash map only).
+#[inline(always)]
+fn add_to_row(key: &SyscallKey, d: u64) -> bool {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    if unsafe { core::ptr::read_volatile(&SYSCALL_ROWS_ON) } == 0 || key.series.is_provisional() {
+        return false;
+    }
+    let t = RowTag {
+        series: key.series,
+        generation: generation(key.series),
+        syscall: key.syscall,
+        cache: key.cache,
+    };
+    let tag = t.encode();
+    let Some(r) = SYSCALL_ROWS_MAP.get_ptr_mut(t.row()) else {
+        return false;
+    };
+    // SAFETY: this CPU's copy of the row; only this CPU's programs write it, and they do not
+    // nest (tracepoint programs do not preempt each other).
+    unsafe {
+        let held = (*r).tag;
+        if held != tag {
+            if let Some(h) = RowTag::decode(held)
+                && generation(h.series) == h.generation
+            {
+                return false;
+            }
+            // Free or stale: zero it, then tag it (the tag last: see `SyscallRow`).
+            for i in 0..SLOTS {
+                core::ptr::write_volatile(&mut (*r).slots[i], 0);
+            }
+            (*r).sum = 0;
+            core::ptr::write_volatile(&mut (*r).tag, tag);
+        }
+        (*r).slots[(key.slot as usize) & (SLOTS - 1)] += 1;
+        (*r).sum += d;
+    }
+    true
 }
 
 macro_rules! syscall_probes {
@@ -133,12 +233,50 @@ pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
     exit(Syscall::Futex)
 }
 
+/// Runs in the context of the thread being switched out (`current` is still `prev`): a
+/// start pending on this CPU is that thread's, and moves into `SYSCALL_SPILLED`.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(_ctx: BtfTracePointContext) -> i32 {
+    let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot; the syscall programs cannot run while the scheduler does.
+    unsafe {
+        if (*c).start.start_ns == 0 {
+            return 0;
+        }
+        let tid = bpf_get_current_pid_tgid() as u32;
+        if (*c).tid == tid && SYSCALL_SPILLED.insert(&tid, &(*c).start, 0).is_err() {
+            drops::count(DropReason::SyscallStartUnavailable);
+        }
+        (*c).start.start_ns = 0;
+    }
+    0
+}
+
+/// Called by `sched_process_exit` for each exiting thread of a tracked process: a call it
+/// never returned from must not hold a spilled entry forever.
+#[inline(always)]
+pub fn thread_exit(tid: u32) {
+    let _ = SYSCALL_SPILLED.remove(&tid);
+}
+
 /// Called by `block_io_start` in the submitter's context: a read syscall of this thread that
 /// submits block IO is a page-cache miss.
 #[inline(always)]
 pub fn mark_block_io() {
-    if let Some(s) = SYSCALL_START.current() {
-        // SAFETY: the entry belongs to this thread, which is running here.
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(c) = SYSCALL_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; this thread is running here.
+        unsafe {
+            if (*c).tid == tid && (*c).start.start_ns != 0 {
+                (*c).start.block_io = 1;
+                return;
+            }
+        }
+    }
+    if let Some(s) = SYSCALL_SPILLED.get_ptr_mut(&tid) {
+        // SAFETY: this thread's own entry.
         unsafe { (*s).block_io = 1 };
     }
 }

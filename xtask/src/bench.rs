@@ -34,6 +34,8 @@ pub struct BenchOptions {
     pub quick: bool,
     /// Only section 1, printed.
     pub per_call_only: bool,
+    /// Only the in-kernel run time of the programs; BENCHMARKS.md untouched.
+    pub programs_only: bool,
 }
 
 impl BenchOptions {
@@ -45,17 +47,19 @@ impl BenchOptions {
             pgbench_secs: 2,
             quick: true,
             per_call_only: false,
+            programs_only: false,
         }
     }
 
-    pub fn full(per_call_only: bool) -> BenchOptions {
+    pub fn full(per_call_only: bool, programs_only: bool) -> BenchOptions {
         BenchOptions {
             rounds: 15,
             calls: 1_000_000,
-            pairs: 12,
+            pairs: 15,
             pgbench_secs: 6,
             quick: false,
             per_call_only,
+            programs_only,
         }
     }
 }
@@ -132,9 +136,14 @@ struct Tracing {
 
 /// Spawns `cmd` and waits for a stdout line containing `marker` (the tracer is attached).
 fn spawn_until(mut cmd: Command, marker: &str) -> Result<Tracing> {
+    cmd.stderr(Stdio::null());
+    spawn_marked(cmd, marker)
+}
+
+/// `spawn_until` with the stderr `cmd` was given.
+fn spawn_marked(mut cmd: Command, marker: &str) -> Result<Tracing> {
     let mut child = cmd
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("spawning {cmd:?}"))?;
     let stdout = child.stdout.take().context("stdout")?;
@@ -340,19 +349,129 @@ impl Drop for BpfStats {
 struct ProgramCost {
     floor: (f64, f64),
     tracked: (f64, f64),
+    /// pgio's `sched_switch` program (every context switch on the node): ns per run, and
+    /// switches per second during the tracked load.
+    sched_switch: (f64, f64),
+    /// Tracked, with `syscall_rows = false` (every histogram in the hash map).
+    tracked_hash: (f64, f64),
     untracked: (f64, f64),
+    /// Empty programs on the other hooks pgio could time pread64 with (`floor --hooks`):
+    /// (enter, exit) ns per run, or why they cannot load here.
+    hooks: Vec<(&'static str, HookCost<(f64, f64)>)>,
+    /// `part_*` programs: ns per run of each piece of the syscall timing, alone.
+    parts: Vec<(String, f64)>,
+    /// The running daemon's maps and their kernel memory (markdown).
+    maps: String,
+}
+
+/// The BPF maps `pid` holds, from `/proc/<pid>/fdinfo` (the kernel's `memlock` estimate of
+/// each map's memory), largest first, as a markdown table.
+fn map_memory(pid: u32) -> Result<String> {
+    let mut maps = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(text) = std::fs::read_to_string(e?.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok())
+        };
+        let (Some(t), Some(k), Some(v), Some(n), Some(mem)) = (
+            field("map_type:"),
+            field("key_size:"),
+            field("value_size:"),
+            field("max_entries:"),
+            field("memlock:"),
+        ) else {
+            continue;
+        };
+        maps.push((mem, t, k, v, n));
+    }
+    maps.sort_by(|a, b| b.cmp(a));
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let mut r = format!(
+        "The loaded daemon's {} maps take {:.1} MiB of kernel memory (possible CPUs: {}); \
+         the largest:\n\n| map type | key, value bytes | max entries | memory |\n|---|---:|---:|---:|\n",
+        maps.len(),
+        maps.iter().map(|m| m.0).sum::<u64>() as f64 / 1048576.0,
+        cpus.trim()
+    );
+    for (mem, t, k, v, n) in maps.iter().take(10) {
+        let kind = match t {
+            1 => "hash",
+            2 => "array",
+            5 => "per-CPU hash",
+            6 => "per-CPU array",
+            9 => "LRU hash",
+            27 => "ring buffer",
+            29 => "task storage",
+            _ => "other",
+        };
+        let _ = writeln!(
+            r,
+            "| {kind} ({t}) | {k}, {v} | {n} | {:.1} KiB |",
+            *mem as f64 / 1024.0
+        );
+    }
+    Ok(r)
+}
+
+/// A hook's (enter, exit) run time, or why its programs cannot load on this kernel.
+type HookCost<T> = std::result::Result<T, String>;
+
+/// Runs `pgio-daemon floor --hooks <hooks>` over one load run; each program's ns per run.
+fn floor_stats(bins: &Bins, hooks: &str, file: &Path, calls: u64) -> Result<Vec<(String, f64)>> {
+    let err = temp_dir()?;
+    let err_file = err.path().join("stderr");
+    let mut c = Command::new(&bins.daemon);
+    c.args(["floor", "--hooks", hooks])
+        .stderr(std::fs::File::create(&err_file)?);
+    let mut floor = match spawn_marked(c, "ready") {
+        Ok(f) => f,
+        Err(e) => {
+            let why = std::fs::read_to_string(&err_file).unwrap_or_default();
+            bail!(
+                "{}",
+                why.trim()
+                    .lines()
+                    .last()
+                    .map_or(e.to_string(), str::to_owned)
+            );
+        }
+    };
+    load_run(bins, file, calls, None)?;
+    Ok(floor
+        .stop()
+        .iter()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("stats ")?.split(' ');
+            let name = f.next()?.to_owned();
+            let ns: f64 = f.next()?.parse().ok()?;
+            let runs: f64 = f.next()?.parse().ok()?;
+            (runs > 0.0).then(|| (name, ns / runs))
+        })
+        .collect())
+}
+
+/// ns per run of pgio's program `p` and its runs, between two scrapes.
+fn program_ns(
+    before: &pgio_testkit::Metrics,
+    after: &pgio_testkit::Metrics,
+    p: &str,
+) -> (f64, f64) {
+    let l = [("program", p)];
+    let secs = after.sum("pgio_bpf_program_run_seconds_total", &l)
+        - before.sum("pgio_bpf_program_run_seconds_total", &l);
+    let runs = after.sum("pgio_bpf_program_runs_total", &l)
+        - before.sum("pgio_bpf_program_runs_total", &l);
+    (secs * 1e9 / runs.max(1.0), runs)
 }
 
 fn pgio_program_ns(before: &pgio_testkit::Metrics, after: &pgio_testkit::Metrics) -> (f64, f64) {
-    let ns = |p: &str| {
-        let l = [("program", p)];
-        let secs = after.sum("pgio_bpf_program_run_seconds_total", &l)
-            - before.sum("pgio_bpf_program_run_seconds_total", &l);
-        let runs = after.sum("pgio_bpf_program_runs_total", &l)
-            - before.sum("pgio_bpf_program_runs_total", &l);
-        secs * 1e9 / runs.max(1.0)
-    };
-    (ns("sys_enter_pread64"), ns("sys_exit_pread64"))
+    (
+        program_ns(before, after, "sys_enter_pread64").0,
+        program_ns(before, after, "sys_exit_pread64").0,
+    )
 }
 
 fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
@@ -363,8 +482,38 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         std::fs::write(f, vec![1u8; 8 << 20])?;
     }
     let (mut fe, mut fx, mut te, mut tx, mut ue, mut ux) = Default::default();
+    let (mut he, mut hx) = (Vec::new(), Vec::new());
+    let (mut se, mut sr) = (Vec::new(), Vec::new());
     let push = |v: &mut Vec<f64>, x: f64| v.push(x);
+    type Runs = Vec<(f64, f64)>;
+    let mut hook_runs: Vec<(&'static str, HookCost<Runs>)> = [
+        ("fentry/fexit", "fentry"),
+        ("tp_btf sys_enter/sys_exit", "tp-btf"),
+    ]
+    .into_iter()
+    .map(|(name, _)| (name, Ok(Vec::new())))
+    .collect();
+    let mut part_runs: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    let mut maps = String::new();
     for _ in 0..o.rounds.clamp(1, 5) {
+        for ((_, runs), hooks) in hook_runs.iter_mut().zip(["fentry", "tp-btf"]) {
+            let Ok(v) = runs else { continue };
+            match floor_stats(bins, hooks, &files.1, o.calls) {
+                Ok(stats) => {
+                    let ns = |dir: &str| {
+                        stats
+                            .iter()
+                            .find(|(n, _)| n.contains(dir))
+                            .map_or(f64::NAN, |(_, ns)| *ns)
+                    };
+                    v.push((ns("enter"), ns("exit")));
+                }
+                Err(e) => *runs = Err(format!("{e:#}")),
+            }
+        }
+        for (name, ns) in floor_stats(bins, "parts", &files.1, o.calls)? {
+            part_runs.entry(name).or_default().push(ns);
+        }
         let mut c = Command::new(&bins.daemon);
         c.arg("floor");
         let mut floor = spawn_until(c, "ready")?;
@@ -389,8 +538,13 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         );
 
         let daemon = Daemon::start(&bins.daemon, PER_CALL_CONFIG)?;
+        if maps.is_empty() {
+            maps = map_memory(daemon.pid())?;
+        }
         let before = daemon.scrape()?;
+        let t = Instant::now();
         load_run(bins, &files.0, o.calls, Some(&daemon))?;
+        let load_secs = t.elapsed().as_secs_f64();
         let mid = daemon.scrape()?;
         load_run(bins, &files.1, o.calls, None)?;
         let after = daemon.scrape()?;
@@ -398,14 +552,48 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         let (e, x) = pgio_program_ns(&before, &mid);
         push(&mut te, e);
         push(&mut tx, x);
+        let (ns, runs) = program_ns(&before, &mid, "sched_switch");
+        push(&mut se, ns);
+        push(&mut sr, runs / load_secs.max(1e-9));
         let (e, x) = pgio_program_ns(&mid, &after);
         push(&mut ue, e);
         push(&mut ux, x);
+
+        let daemon = Daemon::start(
+            &bins.daemon,
+            &format!("syscall_rows = false\n{PER_CALL_CONFIG}"),
+        )?;
+        let before = daemon.scrape()?;
+        load_run(bins, &files.0, o.calls, Some(&daemon))?;
+        let after = daemon.scrape()?;
+        daemon.stop()?;
+        let (e, x) = pgio_program_ns(&before, &after);
+        push(&mut he, e);
+        push(&mut hx, x);
     }
     Ok(ProgramCost {
         floor: (median(&mut fe), median(&mut fx)),
         tracked: (median(&mut te), median(&mut tx)),
+        tracked_hash: (median(&mut he), median(&mut hx)),
+        sched_switch: (median(&mut se), median(&mut sr)),
         untracked: (median(&mut ue), median(&mut ux)),
+        hooks: hook_runs
+            .into_iter()
+            .map(|(name, runs)| {
+                (
+                    name,
+                    runs.map(|v| {
+                        let (mut e, mut x): (Vec<f64>, Vec<f64>) = v.into_iter().unzip();
+                        (median(&mut e), median(&mut x))
+                    }),
+                )
+            })
+            .collect(),
+        parts: part_runs
+            .into_iter()
+            .map(|(name, mut v)| (name, median(&mut v)))
+            .collect(),
+        maps,
     })
 }
 
@@ -588,6 +776,13 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         load: release.join("pgio-load"),
     };
 
+    if o.programs_only {
+        let programs = program_cost(&bins, o)?;
+        let mut r = String::new();
+        programs_report(&mut r, o, &programs);
+        println!("{r}");
+        return Ok(());
+    }
     let per_call = per_call(&bins, o)?;
     if o.per_call_only {
         let mut r = String::new();
@@ -668,6 +863,94 @@ fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
     );
 }
 
+fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
+    let _ = writeln!(
+        r,
+        "\n### In-kernel run time of the programs (kernel.bpf_stats_enabled)\n\n\
+         ns per program run, median of {} rounds of {} calls. This leaves out the cost of \
+         reaching a program (the same for all three), so it shows what pgio's own code adds \
+         over an empty program, without the CPU-time noise above.\n",
+        o.rounds.clamp(1, 5),
+        o.calls
+    );
+    let _ = writeln!(
+        r,
+        "| programs | enter | exit | enter + exit |\n|---|---:|---:|---:|"
+    );
+    let row = |r: &mut String, name: &str, (e, x): (f64, f64)| {
+        let _ = writeln!(r, "| {name} | {e:.1} | {x:.1} | {:.1} |", e + x);
+    };
+    row(
+        r,
+        "empty, `syscalls/sys_{enter,exit}_pread64` (floor)",
+        programs.floor,
+    );
+    for (name, cost) in &programs.hooks {
+        match cost {
+            Ok(c) => row(r, &format!("empty, {name}"), *c),
+            Err(e) => {
+                let _ = writeln!(r, "| empty, {name} | cannot load here: {e} | | |");
+            }
+        }
+    }
+    row(r, "pgio, process tracked", programs.tracked);
+    row(
+        r,
+        "pgio, process tracked, `syscall_rows = false` (hash only, as before)",
+        programs.tracked_hash,
+    );
+    row(r, "pgio, process untracked", programs.untracked);
+    let _ = writeln!(
+        r,
+        "\npgio's `tp_btf/sched_switch` program (it moves a switched-out thread's pending \
+         syscall start off its CPU) runs at every context switch on the node: {:.1} ns per run, \
+         at {:.0} switches a second during the tracked load.",
+        programs.sched_switch.0, programs.sched_switch.1
+    );
+    let floor = programs.floor.0 + programs.floor.1;
+    let _ = writeln!(
+        r,
+        "\n| ratio of run time (same hooks) | measured | target |\n|---|---:|---:|"
+    );
+    let _ = writeln!(
+        r,
+        "| pgio tracked / floor, enter + exit | {:.2} | ≤ 1.6 |",
+        (programs.tracked.0 + programs.tracked.1) / floor
+    );
+    let _ = writeln!(
+        r,
+        "| pgio untracked / floor, enter + exit | {:.2} | ≤ 1.05 |",
+        (programs.untracked.0 + programs.untracked.1) / floor
+    );
+    let _ = writeln!(
+        r,
+        "\n#### What each piece costs\n\nEach `part_*` program does one piece of the timing \
+         alone, all on `syscalls/sys_enter_pread64` in one run (`pgio-daemon floor --hooks \
+         parts`); the floor is the empty program's {:.1} ns on the same hook. The first \
+         program in the chain pays a few ns more for cold caches.\n",
+        programs.floor.0
+    );
+    let _ = writeln!(
+        r,
+        "| piece | ns per run | over the floor |\n|---|---:|---:|"
+    );
+    for (name, ns) in &programs.parts {
+        let what = match name.as_str() {
+            "part_pid_tgid" => "`bpf_get_current_pid_tgid`",
+            "part_tracked" => "`bpf_get_current_pid_tgid` + `TRACKED` lookup (the untracked path)",
+            "part_ktime" => "`bpf_ktime_get_ns` (twice per timed syscall)",
+            "part_task_storage" => "task storage get-or-create + write (`SYSCALL_START`)",
+            "part_tid_array" => "a per-thread value in a tid-indexed array instead",
+            "part_hash" => "per-CPU hash lookup + add (`SYSCALL_HIST`, a known key)",
+            "part_array" => "per-CPU array lookup + add (`SYSCALL_ROWS_MAP`)",
+            _ => name.as_str(),
+        };
+        let _ = writeln!(r, "| {what} | {ns:.1} | {:+.1} |", ns - programs.floor.0);
+    }
+    let _ = writeln!(r, "\n#### Map memory\n");
+    let _ = writeln!(r, "{}", programs.maps);
+}
+
 fn report(
     o: &BenchOptions,
     pc: &PerCall,
@@ -690,26 +973,7 @@ fn report(
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     per_call_report(&mut r, o, pc);
-    let _ = writeln!(
-        r,
-        "\n### In-kernel run time of the programs (kernel.bpf_stats_enabled)\n\n\
-         ns per program run, median of {} rounds of {} calls. This leaves out the cost of \
-         reaching a program (the same for all three), so it shows what pgio's own code adds \
-         over an empty program, without the CPU-time noise above.\n",
-        o.rounds.clamp(1, 5),
-        o.calls
-    );
-    let _ = writeln!(
-        r,
-        "| programs | sys_enter_pread64 | sys_exit_pread64 | enter + exit |\n|---|---:|---:|---:|"
-    );
-    for (name, (e, x)) in [
-        ("empty (floor)", programs.floor),
-        ("pgio, process tracked", programs.tracked),
-        ("pgio, process untracked", programs.untracked),
-    ] {
-        let _ = writeln!(r, "| {name} | {e:.1} | {x:.1} | {:.1} |", e + x);
-    }
+    programs_report(&mut r, o, programs);
     let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
     let (mut w, mut wo) = (tps.with.clone(), tps.without.clone());
     let (mw, mwo) = (median(&mut w), median(&mut wo));

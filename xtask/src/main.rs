@@ -68,6 +68,10 @@ enum Cmd {
         /// Only the per-call cost table (while working on the hot path); BENCHMARKS.md untouched.
         #[arg(long)]
         per_call_only: bool,
+        /// Only the in-kernel run time of the programs (kernel bpf_stats, per piece, per
+        /// hook type); BENCHMARKS.md untouched.
+        #[arg(long, conflicts_with = "per_call_only")]
+        programs_only: bool,
     },
     /// Setup, build pgio-daemon (release) and, as root, soak it: PostgreSQL under `pgbench -C`
     /// churn plus every hostile input at once; RSS, fds, series and dropped events sampled
@@ -135,6 +139,7 @@ fn real_main() -> Result<()> {
             setup,
             quick,
             per_call_only,
+            programs_only,
         } => {
             if !setup.skip_setup {
                 commands::setup()?;
@@ -147,7 +152,7 @@ fn real_main() -> Result<()> {
             let o = if quick {
                 bench::BenchOptions::quick()
             } else {
-                bench::BenchOptions::full(per_call_only)
+                bench::BenchOptions::full(per_call_only, programs_only)
             };
             bench::bench(&root, &o)
         }
