@@ -120,15 +120,23 @@ pub struct SyscallStart {
     pub _pad: u16,
 }
 
-/// Value of the per-CPU `SYSCALL_CPU`: the tracked syscall in progress on this CPU. Between a
-/// thread's enter and exit no other thread runs on the CPU unless the scheduler switches,
-/// and `sched_switch` moves a pending start out first.
+/// Value of the per-CPU `SYSCALL_CPU`: the thread running on this CPU and its tracked syscall
+/// in progress. `sched_switch` writes the incoming thread's ids (so the syscall programs need
+/// no helper call to know who runs) and moves an outgoing thread's pending start into
+/// `SYSCALL_SPILLED`: between a thread's enter and exit no other thread runs on the CPU
+/// unless the scheduler switches.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuSyscall {
+    /// The running thread; 0 (the idle task, which makes no syscalls): not known yet (no
+    /// switch seen since pgio started), ask the kernel.
     pub tid: u32,
+    pub tgid: u32,
+    /// Nonzero: the running thread entered a tracked syscall on this CPU and has not been
+    /// switched out since; `start` is that call's (`start.start_ns == 0`: not timed, a
+    /// futex wake).
+    pub open: u32,
     pub _pad: u32,
-    /// `start.start_ns == 0`: none pending.
     pub start: SyscallStart,
 }
 

@@ -58,3 +58,128 @@ fn exact_pread64_and_preadv_counts() {
     );
     daemon.stop().expect("clean daemon exit");
 }
+
+/// The syscall programs learn who runs on a CPU from `sched_switch`, and a call's start waits
+/// in its CPU's slot until the thread is switched out. Two tracked readers, an untracked
+/// reader, a tracked futex waker (wakes are not timed, but open the slot) and a tracked
+/// futex waiter (every wait is switched out mid-call) share one CPU, so the scheduler moves
+/// between them thousands of times while they run: each tracked reader's calls are counted
+/// exactly, the waker's none, the waiter's all, and nothing else lands on their series.
+#[test]
+fn exact_counts_for_processes_sharing_one_cpu() {
+    if !require_root("exact_counts_for_processes_sharing_one_cpu") {
+        return;
+    }
+    const READS: u64 = 100_000;
+    const WAKES: u64 = 200_000;
+    const WAITS: u64 = 200;
+    let dir = temp_dir().expect("temp dir");
+    let (tracked, untracked) = (dir.path().join("tracked"), dir.path().join("untracked"));
+    for f in [&tracked, &untracked] {
+        std::fs::write(f, vec![7u8; 1 << 20]).expect("data file");
+    }
+    let rule = |role: &str, cmdline: &str| {
+        format!(
+            "[[rule]]\napp = \"test\"\nrole = \"{role}\"\ncomm = \"^pgio-load$\"\ncmdline = \"{cmdline}\"\n"
+        )
+    };
+    let daemon = Daemon::with_config(&format!(
+        "{}{}{}",
+        rule("reader", &format!("{} ", tracked.display())),
+        rule("waker", "futex-wake"),
+        rule("waiter", "futex-wait")
+    ))
+    .expect("daemon");
+    let bin = pgio_load_bin().expect("pgio-load");
+    let path = |p: &std::path::Path| p.to_str().expect("utf-8").to_owned();
+    let mut loads = vec![
+        LoadProcess::spawn(&bin, ["pread", &path(&tracked), &READS.to_string(), "0"]),
+        LoadProcess::spawn(&bin, ["pread", &path(&tracked), &READS.to_string(), "0"]),
+        LoadProcess::spawn(&bin, ["pread", &path(&untracked), &READS.to_string(), "0"]),
+        LoadProcess::spawn(&bin, ["futex-wake", &WAKES.to_string()]),
+        LoadProcess::spawn(&bin, ["futex-wait", &WAITS.to_string(), "1"]),
+    ]
+    .into_iter()
+    .collect::<anyhow::Result<Vec<_>>>()
+    .expect("spawn");
+    for l in &loads {
+        let pinned = std::process::Command::new("taskset")
+            .args(["-cp", "0", &l.pid().to_string()])
+            .output()
+            .expect("taskset");
+        assert!(pinned.status.success(), "taskset: {pinned:?}");
+    }
+    for role in ["reader", "waker", "waiter"] {
+        daemon.wait_tracked("test", role);
+    }
+    let pids: Vec<u32> = loads.iter().map(LoadProcess::pid).collect();
+    let switches = || -> u64 {
+        pids.iter()
+            .filter_map(|pid| {
+                let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let n = s
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches"))
+                    .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                    .sum::<u64>();
+                Some(n)
+            })
+            .sum()
+    };
+    let before = daemon.scrape();
+    let switches_before = switches();
+    for l in &mut loads {
+        l.go().expect("go");
+    }
+    // The waiter sleeps 200 × 1 ms and ends last: the others' switches are counted by then.
+    let mut done = Vec::new();
+    for l in loads.iter_mut().take(4) {
+        done.push(l.wait_done().expect("load"));
+    }
+    let switched = switches().saturating_sub(switches_before);
+    done.push(loads[4].wait_done().expect("waiter"));
+    assert_eq!(done, [READS, READS, READS, WAKES, WAITS]);
+    let after = daemon.scrape();
+    let count = |role: &str, syscall: &str| {
+        delta(
+            &before,
+            &after,
+            "pgio_syscall_seconds_count",
+            &[("app", "test"), ("role", role), ("syscall", syscall)],
+        )
+    };
+    let total = |role: &str| {
+        delta(
+            &before,
+            &after,
+            "pgio_syscall_seconds_count",
+            &[("app", "test"), ("role", role)],
+        )
+    };
+    let futex = |role: &str| {
+        delta(
+            &before,
+            &after,
+            "pgio_futex_wait_seconds_count",
+            &[("app", "test"), ("role", role)],
+        )
+    };
+    eprintln!(
+        "{switched} context switches of the loads while they ran; reader pread64 {} (of {}), \
+         waker futex {}, waiter futex {}",
+        count("reader", "pread64"),
+        2 * READS,
+        futex("waker"),
+        futex("waiter")
+    );
+    assert!(
+        switched >= 100,
+        "the loads shared the CPU: {switched} switches"
+    );
+    assert_eq!(count("reader", "pread64"), (2 * READS) as f64);
+    assert_eq!(total("reader"), (2 * READS) as f64);
+    assert_eq!(futex("reader") + total("waker") + futex("waker"), 0.0);
+    assert_eq!(futex("waiter"), WAITS as f64);
+    assert_eq!(total("waiter"), 0.0);
+    daemon.stop().expect("clean daemon exit");
+}

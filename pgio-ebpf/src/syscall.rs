@@ -3,10 +3,13 @@
 //! The start of a call waits in its CPU's `SYSCALL_CPU` slot: a cached read neither blocks
 //! nor is preempted, so its exit finds it there with an array lookup. When the scheduler
 //! switches a thread out mid-call (`sched_switch`), its start moves into `SYSCALL_SPILLED`,
-//! keyed by thread id, where the exit looks on any CPU.
+//! keyed by thread id, where the exit looks on any CPU. `sched_switch` also writes the ids of
+//! the thread it switches in, so a syscall program learns who runs from the slot instead of
+//! a helper call (an untracked process' call costs one array lookup more than an empty
+//! program).
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{BtfTracePointContext, TracePointContext},
@@ -22,7 +25,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, hist, query, tracked};
+use crate::{drops, hist, kernel_offsets::offsets, query, tracked};
 
 /// The tracked syscall in progress on this CPU.
 #[map]
@@ -60,64 +63,76 @@ static SYSCALL_ROW_GEN: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0
 /// `sys_enter_futex` record.
 const FUTEX_OP_OFFSET: usize = 24;
 
+/// This CPU's slot, with its running thread's ids filled in if no switch has been seen yet.
 #[inline(always)]
-fn enter(sc: Syscall) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(series) = tracked::series_of((pid_tgid >> 32) as u32) else {
-        return 0;
-    };
-    let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: this CPU's slot. Anything pending in it is this thread's own call whose exit
-    // was missed (pgio attached mid-call): another thread's would have been moved out at
-    // the switch.
+fn cpu() -> Option<*mut CpuSyscall> {
+    let c = SYSCALL_CPU.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; syscall and scheduler programs on one CPU do not nest.
     unsafe {
-        *c = CpuSyscall {
-            tid: pid_tgid as u32,
+        if (*c).tid == 0 {
+            let pid_tgid = bpf_get_current_pid_tgid();
+            (*c).tid = pid_tgid as u32;
+            (*c).tgid = (pid_tgid >> 32) as u32;
+        }
+    }
+    Some(c)
+}
+
+/// `timed = false`: a futex call that does not wait; it only opens the slot, so that its
+/// exit knows there is nothing to look up.
+#[inline(always)]
+fn enter(sc: Syscall, timed: bool) -> u32 {
+    let Some(c) = cpu() else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot (see `cpu`). Anything pending in it is this thread's own call
+    // whose exit was missed (pgio attached mid-call): another thread's would have been
+    // moved out at the switch.
+    unsafe {
+        let Some(series) = tracked::series_of((*c).tgid) else {
+            return 0;
+        };
+        (*c).open = 1;
+        (*c).start = SyscallStart {
+            start_ns: if timed { bpf_ktime_get_ns() } else { 0 },
+            series,
+            syscall: sc as u8,
+            block_io: 0,
             _pad: 0,
-            start: SyscallStart {
-                start_ns: bpf_ktime_get_ns(),
-                series,
-                syscall: sc as u8,
-                block_io: 0,
-                _pad: 0,
-            },
         };
     }
     0
 }
 
-/// Takes this thread's pending start: from this CPU's slot, or else from the spilled ones.
+/// Takes this thread's pending start: from this CPU's slot if it has not been switched out
+/// since its enter, or else from the spilled ones. `None`: nothing to time.
 #[inline(always)]
-fn take_start(tid: u32) -> Option<SyscallStart> {
-    if let Some(c) = SYSCALL_CPU.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot (see `enter`).
-        unsafe {
-            if (*c).tid == tid && (*c).start.start_ns != 0 {
-                let s = (*c).start;
-                (*c).start.start_ns = 0;
-                return Some(s);
-            }
+fn take_start(c: *mut CpuSyscall) -> Option<SyscallStart> {
+    // SAFETY: this CPU's slot (see `cpu`).
+    unsafe {
+        if (*c).open != 0 {
+            (*c).open = 0;
+            return ((*c).start.start_ns != 0).then_some((*c).start);
         }
+        // Only a tracked process' calls are ever spilled: spare the others a hash lookup.
+        tracked::series_of((*c).tgid)?;
+        let tid = (*c).tid;
+        // SAFETY: a map value; only this thread's programs touch its key.
+        let s = *SYSCALL_SPILLED.get(&tid)?;
+        let _ = SYSCALL_SPILLED.remove(&tid);
+        Some(s)
     }
-    // SAFETY: a map value; only this thread's programs touch its key.
-    let s = unsafe { *SYSCALL_SPILLED.get(&tid)? };
-    let _ = SYSCALL_SPILLED.remove(&tid);
-    Some(s)
 }
 
 #[inline(always)]
 fn exit(sc: Syscall) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    // Untracked processes return here, before any hash lookup.
-    if tracked::series_of((pid_tgid >> 32) as u32).is_none() {
-        return 0;
-    }
-    let Some(s) = take_start(pid_tgid as u32) else {
+    let Some(c) = cpu() else {
         return 0;
     };
-    if s.start_ns == 0 || s.syscall != sc as u8 {
+    let Some(s) = take_start(c) else {
+        return 0;
+    };
+    if s.syscall != sc as u8 {
         return 0; // enter of another syscall whose exit we missed (attached mid-call)
     }
     let d = unsafe { bpf_ktime_get_ns() }.wrapping_sub(s.start_ns);
@@ -195,7 +210,7 @@ macro_rules! syscall_probes {
     ($($sc:expr => $enter:ident, $exit:ident;)*) => {$(
         #[tracepoint]
         pub fn $enter(_ctx: TracePointContext) -> u32 {
-            enter($sc)
+            enter($sc, true)
         }
         #[tracepoint]
         pub fn $exit(_ctx: TracePointContext) -> u32 {
@@ -217,15 +232,13 @@ syscall_probes! {
     Syscall::FutexWaitv => sys_enter_futex_waitv, sys_exit_futex_waitv;
 }
 
-/// futex: only the waiting operations are timed; wakes return before any map lookup.
+/// futex: only the waiting operations are timed; a wake of a tracked process costs what an
+/// untracked call does, plus marking the slot so that its exit looks nothing up.
 #[tracepoint]
 pub fn sys_enter_futex(ctx: TracePointContext) -> u32 {
     // SAFETY: inside the fixed-size syscall record.
     let op = unsafe { *(ctx.as_ptr().add(FUTEX_OP_OFFSET) as *const u64) } as u32;
-    if !futex_op_waits(op) {
-        return 0;
-    }
-    enter(Syscall::Futex)
+    enter(Syscall::Futex, futex_op_waits(op))
 }
 
 #[tracepoint]
@@ -233,29 +246,48 @@ pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
     exit(Syscall::Futex)
 }
 
-/// Runs in the context of the thread being switched out (`current` is still `prev`): a
-/// start pending on this CPU is that thread's, and moves into `SYSCALL_SPILLED`.
+/// `sched_switch(preempt, prev, next, ...)` runs in the context of the thread being switched
+/// out (`current` is still `prev`): a start pending on this CPU is that thread's, and moves
+/// into `SYSCALL_SPILLED`; then the slot names `next`, the thread about to run here.
 #[btf_tracepoint(function = "sched_switch")]
-pub fn sched_switch(_ctx: BtfTracePointContext) -> i32 {
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
     };
     // SAFETY: this CPU's slot; the syscall programs cannot run while the scheduler does.
     unsafe {
-        if (*c).start.start_ns == 0 {
-            return 0;
+        if (*c).open != 0 {
+            (*c).open = 0;
+            if (*c).start.start_ns != 0
+                && SYSCALL_SPILLED.insert(&(*c).tid, &(*c).start, 0).is_err()
+            {
+                drops::count(DropReason::SyscallStartUnavailable);
+            }
         }
-        let tid = bpf_get_current_pid_tgid() as u32;
-        if (*c).tid == tid && SYSCALL_SPILLED.insert(&tid, &(*c).start, 0).is_err() {
-            drops::count(DropReason::SyscallStartUnavailable);
-        }
-        (*c).start.start_ns = 0;
+        let next: u64 = ctx.arg(2);
+        let off = offsets();
+        let ids = if off.task_tgid == off.task_pid + 4 {
+            // `pid_t pid; pid_t tgid;`: one read for both.
+            bpf_probe_read_kernel((next + off.task_pid as u64) as *const u64).ok()
+        } else {
+            match (
+                bpf_probe_read_kernel((next + off.task_pid as u64) as *const u32),
+                bpf_probe_read_kernel((next + off.task_tgid as u64) as *const u32),
+            ) {
+                (Ok(pid), Ok(tgid)) => Some(pid as u64 | (tgid as u64) << 32),
+                _ => None,
+            }
+        };
+        // Unreadable: 0, ask the kernel at the next syscall.
+        let ids = ids.unwrap_or(0);
+        (*c).tid = ids as u32;
+        (*c).tgid = (ids >> 32) as u32;
     }
     0
 }
 
-/// Called by `sched_process_exit` for each exiting thread of a tracked process: a call it
-/// never returned from must not hold a spilled entry forever.
+/// Called by `sched_process_exit` for every exiting thread: a call it never returned from
+/// must not hold a spilled entry forever.
 #[inline(always)]
 pub fn thread_exit(tid: u32) {
     let _ = SYSCALL_SPILLED.remove(&tid);
@@ -265,18 +297,16 @@ pub fn thread_exit(tid: u32) {
 /// submits block IO is a page-cache miss.
 #[inline(always)]
 pub fn mark_block_io() {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    if let Some(c) = SYSCALL_CPU.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot; this thread is running here.
-        unsafe {
-            if (*c).tid == tid && (*c).start.start_ns != 0 {
-                (*c).start.block_io = 1;
-                return;
-            }
+    let Some(c) = cpu() else {
+        return;
+    };
+    // SAFETY: this CPU's slot (see `cpu`); this thread is running here.
+    unsafe {
+        if (*c).open != 0 {
+            (*c).start.block_io = 1;
+        } else if let Some(s) = SYSCALL_SPILLED.get_ptr_mut(&(*c).tid) {
+            // SAFETY: this thread's own entry.
+            (*s).block_io = 1;
         }
-    }
-    if let Some(s) = SYSCALL_SPILLED.get_ptr_mut(&tid) {
-        // SAFETY: this thread's own entry.
-        unsafe { (*s).block_io = 1 };
     }
 }

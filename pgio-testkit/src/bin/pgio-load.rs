@@ -10,6 +10,7 @@
 //!   direct-read <path> <count> <block_size>   O_DIRECT pread64 x count, sequential, wrapping
 //!   pread <path> <n_pread64> <n_preadv>       8 KiB pread64 x N, then 2x4 KiB preadv x M
 //!   futex-wait <n> <ms>                        FUTEX_WAIT_BITSET with absolute timeout x n
+//!   futex-wake <n>                             FUTEX_WAKE with no waiter x n (never waits)
 //!   io-uring <path> <count> <qd> <async|inline>
 //!                                              O_DIRECT 8 KiB reads x count through io_uring,
 //!                                              at most qd in flight; `async` sets IOSQE_ASYNC
@@ -36,6 +37,7 @@ const USAGE: &str = "usage:
   pgio-load direct-read <path> <count> <block_size>
   pgio-load pread <path> <n_pread64> <n_preadv>
   pgio-load futex-wait <n> <ms>
+  pgio-load futex-wake <n>
   pgio-load io-uring <path> <count> <queue_depth> <async|inline>";
 
 /// `_IOR(0x12, 114, size_t)` from <linux/fs.h>; not exported by the libc crate.
@@ -64,6 +66,9 @@ enum Cmd {
     FutexWait {
         n: u64,
         ms: u64,
+    },
+    FutexWake {
+        n: u64,
     },
     IoUring {
         path: PathBuf,
@@ -101,6 +106,9 @@ fn parse_args(args: &[String]) -> Result<Cmd> {
         ["futex-wait", n, ms] => Ok(Cmd::FutexWait {
             n: parse_num("n", n)?,
             ms: parse_num("ms", ms)?,
+        }),
+        ["futex-wake", n] => Ok(Cmd::FutexWake {
+            n: parse_num("n", n)?,
         }),
         ["io-uring", path, count, qd, issue] => {
             let queue_depth: u32 = parse_num("queue_depth", qd)?;
@@ -232,6 +240,9 @@ enum Prepared {
         n: u64,
         ms: u64,
     },
+    FutexWake {
+        n: u64,
+    },
     IoUring {
         // Declared before `fd`: the ring (and its io-wq workers) goes first.
         ring: Box<IoUring>,
@@ -299,6 +310,7 @@ fn prepare(cmd: Cmd) -> Result<Prepared> {
             }
         }
         Cmd::FutexWait { n, ms } => Prepared::FutexWait { n, ms },
+        Cmd::FutexWake { n } => Prepared::FutexWake { n },
         Cmd::IoUring {
             path,
             count,
@@ -399,6 +411,7 @@ fn execute(p: Prepared) -> Result<Report> {
             Ok((n_pread64 + n_preadv).into())
         }
         Prepared::FutexWait { n, ms } => futex_waits(n, ms).map(Report::from),
+        Prepared::FutexWake { n } => futex_wakes(n).map(Report::from),
         Prepared::IoUring {
             mut ring,
             fd,
@@ -571,6 +584,26 @@ fn futex_waits(n: u64, ms: u64) -> Result<u64> {
     }
     if eintr > 0 {
         eprintln!("pgio-load: {eintr} of {n} futex waits were interrupted (EINTR); counted anyway");
+    }
+    Ok(n)
+}
+
+fn futex_wakes(n: u64) -> Result<u64> {
+    let word: u32 = 0;
+    for i in 0..n {
+        // SAFETY: FUTEX_WAKE only hashes the address of `word`, which lives for the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                &word as *const u32,
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1 as libc::c_int,
+            )
+        };
+        ensure!(
+            r == 0,
+            "futex wake #{i} returned {r}: nobody waits on this word"
+        );
     }
     Ok(n)
 }
