@@ -160,10 +160,12 @@ pub struct SyscallRow {
 /// A row tag's fields: (series, generation, syscall, cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowTag {
+    /// Below [`crate::CHILD_SERIES_MAX`] (2^16): the ids userspace gives out.
     pub series: SeriesId,
     /// `SYSCALL_ROW_GEN[series]` when the row was claimed: a freed series id's generation
-    /// moves on, so its rows are stale before the id is given out again.
-    pub generation: u16,
+    /// moves on, so its rows are stale before the id is given out again. 32 bits: a row left
+    /// stale on some CPU cannot come back to life by wrapping.
+    pub generation: u32,
     pub syscall: u8,
     pub cache: u8,
 }
@@ -172,10 +174,10 @@ impl RowTag {
     /// Never 0 (bit 0 is set).
     #[inline(always)]
     pub const fn encode(self) -> u64 {
-        (self.series.0 as u64) << 32
+        ((self.series.0 & 0xffff) as u64) << 48
             | (self.generation as u64) << 16
             | (self.syscall as u64) << 8
-            | (self.cache as u64) << 4
+            | ((self.cache & 0xf) as u64) << 4
             | 1
     }
 
@@ -184,8 +186,8 @@ impl RowTag {
             return None;
         }
         Some(RowTag {
-            series: SeriesId((tag >> 32) as u32),
-            generation: (tag >> 16) as u16,
+            series: SeriesId((tag >> 48) as u32),
+            generation: (tag >> 16) as u32,
             syscall: (tag >> 8) as u8,
             cache: ((tag >> 4) & 0xf) as u8,
         })
@@ -235,8 +237,8 @@ mod tests {
     #[test]
     fn row_tags_round_trip_and_rows_spread() {
         let t = RowTag {
-            series: SeriesId(4_095),
-            generation: 65_535,
+            series: SeriesId(65_535),
+            generation: u32::MAX,
             syscall: Syscall::Preadv2 as u8,
             cache: Cache::Miss as u8,
         };

@@ -110,6 +110,8 @@ pub const QUERY_IO_WAIT_RETURN: Probe = probe(
 /// The probes attached to each postgres binary rather than at start.
 pub const POSTGRES_BINARY: [Probe; 4] = [TITLE, QUERY, QUERY_IO_WAIT, QUERY_IO_WAIT_RETURN];
 
+const SCHED_SWITCH: &str = "sched_switch";
+
 /// Every program pgio loads. Loading, `pgio-daemon check` and `pgio_probe_attached` read this.
 pub fn table() -> Vec<Probe> {
     use Attach::{BtfTracePoint, TracePoint};
@@ -124,8 +126,9 @@ pub fn table() -> Vec<Probe> {
         probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
         probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
         probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
-        // Moves a switched-out thread's pending syscall start off its CPU.
-        probe("sched_switch", BtfTracePoint, false, ProbeFamily::Syscall),
+        // Names the running thread for the syscall programs and moves a switched-out
+        // thread's pending syscall start off its CPU; before them in this table.
+        probe(SCHED_SWITCH, BtfTracePoint, false, ProbeFamily::Syscall),
         TITLE,
         QUERY,
         QUERY_IO_WAIT,
@@ -289,9 +292,23 @@ pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes>
     let mut ebpf = load(&offsets, query_probes, hist)?;
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
-    let mut status = Vec::new();
+    let mut status: Vec<ProbeStatus> = Vec::new();
     for probe in table() {
-        let result = attach_one(&mut ebpf, &aya_btf, &probe);
+        // The syscall programs learn from `sched_switch` which thread runs: without it they
+        // would book one thread's calls on another's series, so they stay off.
+        let switch_missing = probe.family == ProbeFamily::Syscall
+            && probe.program != SCHED_SWITCH
+            && status
+                .iter()
+                .any(|s| s.program == SCHED_SWITCH && !s.attached);
+        let result = if switch_missing {
+            Err(anyhow::anyhow!(
+                "tp_btf/{SCHED_SWITCH}, which tells the syscall programs which thread runs, \
+                 is not attached"
+            ))
+        } else {
+            attach_one(&mut ebpf, &aya_btf, &probe)
+        };
         let program = probe.program.into_owned();
         match &result {
             Ok(()) => info!(program, "attached"),

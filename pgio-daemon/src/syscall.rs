@@ -109,8 +109,10 @@ impl Syscalls {
 
     fn read_all(&self, routes: &Provisional) -> Result<Hists<SyscallId>> {
         let mut hists = self.reader.read(routes)?;
-        lock(&self.rows).read(routes, &mut hists)?;
-        Ok(hists)
+        let mut rows = lock(&self.rows);
+        let read = rows.read(routes, &mut hists);
+        rows.retire(routes);
+        read.map(|()| hists)
     }
 }
 
@@ -120,21 +122,19 @@ struct Rows {
     rows: PerCpuArray<MapData, SyscallRow>,
     generation: Array<MapData, u32>,
     /// Mirror of `SYSCALL_ROW_GEN`, by series id.
-    generations: Vec<u16>,
+    generations: Vec<u32>,
 }
 
 impl Rows {
-    fn generation(&self, series: SeriesId) -> u16 {
+    fn generation(&self, series: SeriesId) -> u32 {
         self.generations
             .get(series.0 as usize)
             .copied()
             .unwrap_or(0)
     }
 
-    /// Adds each CPU's rows of live series to `out`, then moves the generation of the series
-    /// retired at this read on: their rows go stale before the ids are given out again
-    /// (moving it twice for one retirement is harmless).
-    fn read(&mut self, routes: &Provisional, out: &mut Hists<SyscallId>) -> Result<()> {
+    /// Adds each CPU's rows of live series to `out`.
+    fn read(&self, routes: &Provisional, out: &mut Hists<SyscallId>) -> Result<()> {
         for i in 0..SYSCALL_ROWS {
             let per_cpu = self.rows.get(&i, 0)?;
             for row in per_cpu.iter() {
@@ -165,13 +165,19 @@ impl Rows {
                 h.sum_ns = h.sum_ns.wrapping_add(row.sum);
             }
         }
+        Ok(())
+    }
+
+    /// Moves the generation of the series retired at this pass on, before their ids are given
+    /// out again: their rows go stale (moving it twice for one retirement is harmless).
+    fn retire(&mut self, routes: &Provisional) {
         for series in &routes.retired {
             let i = series.0 as usize;
             if self.generations.len() <= i {
                 self.generations.resize(i + 1, 0);
             }
             let next = self.generations[i].wrapping_add(1);
-            match self.generation.set(series.0, u32::from(next), 0) {
+            match self.generation.set(series.0, next, 0) {
                 Ok(()) => self.generations[i] = next,
                 // The id stays below the map's size (the config caps max_series); were it
                 // not, its rows would be counted under its next labels.
@@ -180,7 +186,6 @@ impl Rows {
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -192,8 +197,11 @@ impl Source for Syscalls {
         })))
     }
 
+    /// Rows never hold provisional series: only the hash map has anything to fold.
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.read_all(routes).map(drop)
+        let read = self.reader.read(routes).map(drop);
+        lock(&self.rows).retire(routes);
+        read
     }
 }
 

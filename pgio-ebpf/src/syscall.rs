@@ -38,7 +38,7 @@ static SYSCALL_CPU: PerCpuArray<CpuSyscall> = PerCpuArray::with_max_entries(1, 0
 static SYSCALL_SPILLED: HashMap<u32, SyscallStart> = HashMap::with_max_entries(SPILLED_MAX, 0);
 
 /// Tracked threads switched out in a timed syscall at once (idle threads' futex waits
-/// count); past it a call is not timed and counts as `syscall_start_unavailable`. ~1 MiB.
+/// count); past it a call is not timed and counts as `syscall_start_unavailable`. ~1.4 MiB.
 const SPILLED_MAX: u32 = 16_384;
 
 #[map]
@@ -160,8 +160,8 @@ fn exit(sc: Syscall) -> u32 {
 }
 
 #[inline(always)]
-fn generation(series: SeriesId) -> u16 {
-    SYSCALL_ROW_GEN.get(series.0).map_or(0, |g| *g as u16)
+fn generation(series: SeriesId) -> u32 {
+    SYSCALL_ROW_GEN.get(series.0).map_or(0, |g| *g)
 }
 
 /// Counts `d` in the key's row if the row is free, its own, or stale; `false`: another
@@ -170,8 +170,10 @@ fn generation(series: SeriesId) -> u16 {
 #[inline(always)]
 fn add_to_row(key: &SyscallKey, d: u64) -> bool {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
-    if unsafe { core::ptr::read_volatile(&SYSCALL_ROWS_ON) } == 0 || key.series.is_provisional() {
-        return false;
+    if unsafe { core::ptr::read_volatile(&SYSCALL_ROWS_ON) } == 0
+        || key.series.0 >= CHILD_SERIES_MAX
+    {
+        return false; // off, or a provisional series (userspace folds those from the hash)
     }
     let t = RowTag {
         series: key.series,

@@ -198,7 +198,8 @@ fn attach(t: Tracer, bins: &Bins, config: &str) -> Result<Attached> {
 
 /// The daemon's config for the per-call runs: it tracks `pgio-load` reading `traced.dat`,
 /// not the same binary reading `plain.dat`, so one daemon serves both configurations.
-const PER_CALL_CONFIG: &str = "[[rule]]\napp = \"bench\"\nrole = \"pread\"\ncomm = \"^pgio-load$\"\ncmdline = \"traced\\\\.dat\"\n";
+const PER_CALL_CONFIG: &str = "[[rule]]\napp = \"bench\"\nrole = \"pread\"\ncomm = \"^pgio-load$\"\ncmdline = \"traced\\\\.dat\"\n\
+     [[rule]]\napp = \"bench\"\nrole = \"futex-wake\"\ncomm = \"^pgio-load$\"\ncmdline = \"futex-wake\"\n";
 
 /// CPU ns per pread64 call of one `pgio-load pread` run on `file`.
 fn load_run(bins: &Bins, file: &Path, calls: u64, tracked_by: Option<&Daemon>) -> Result<f64> {
@@ -355,6 +356,8 @@ struct ProgramCost {
     /// Tracked, with `syscall_rows = false` (every histogram in the hash map).
     tracked_hash: (f64, f64),
     untracked: (f64, f64),
+    /// `sys_{enter,exit}_futex` for a tracked process' futex wakes (not timed).
+    futex_wake: (f64, f64),
     /// Empty programs on the other hooks pgio could time pread64 with (`floor --hooks`):
     /// (enter, exit) ns per run, or why they cannot load here.
     hooks: Vec<(&'static str, HookCost<(f64, f64)>)>,
@@ -484,6 +487,7 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
     let (mut fe, mut fx, mut te, mut tx, mut ue, mut ux) = Default::default();
     let (mut he, mut hx) = (Vec::new(), Vec::new());
     let (mut se, mut sr) = (Vec::new(), Vec::new());
+    let (mut we, mut wx) = (Vec::new(), Vec::new());
     let push = |v: &mut Vec<f64>, x: f64| v.push(x);
     type Runs = Vec<(f64, f64)>;
     let mut hook_runs: Vec<(&'static str, HookCost<Runs>)> = [
@@ -548,7 +552,6 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         let mid = daemon.scrape()?;
         load_run(bins, &files.1, o.calls, None)?;
         let after = daemon.scrape()?;
-        daemon.stop()?;
         let (e, x) = pgio_program_ns(&before, &mid);
         push(&mut te, e);
         push(&mut tx, x);
@@ -558,6 +561,31 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         let (e, x) = pgio_program_ns(&mid, &after);
         push(&mut ue, e);
         push(&mut ux, x);
+        // A tracked process' futex calls that do not wait (wakes): not timed.
+        let mut wakes = LoadProcess::spawn(
+            Path::new("taskset"),
+            [
+                "-c",
+                "1",
+                bins.load.to_str().context("utf-8 path")?,
+                "futex-wake",
+                &o.calls.to_string(),
+            ],
+        )?;
+        daemon.wait_tracked("bench", "futex-wake")?;
+        let before_wakes = daemon.scrape()?;
+        wakes.go()?;
+        wakes.wait_done()?;
+        let after_wakes = daemon.scrape()?;
+        push(
+            &mut we,
+            program_ns(&before_wakes, &after_wakes, "sys_enter_futex").0,
+        );
+        push(
+            &mut wx,
+            program_ns(&before_wakes, &after_wakes, "sys_exit_futex").0,
+        );
+        daemon.stop()?;
 
         let daemon = Daemon::start(
             &bins.daemon,
@@ -577,6 +605,7 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         tracked_hash: (median(&mut he), median(&mut hx)),
         sched_switch: (median(&mut se), median(&mut sr)),
         untracked: (median(&mut ue), median(&mut ux)),
+        futex_wake: (median(&mut we), median(&mut wx)),
         hooks: hook_runs
             .into_iter()
             .map(|(name, runs)| {
@@ -900,6 +929,11 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
         programs.tracked_hash,
     );
     row(r, "pgio, process untracked", programs.untracked);
+    row(
+        r,
+        "pgio, tracked process' `futex` wakes (not timed; `sys_{enter,exit}_futex`)",
+        programs.futex_wake,
+    );
     let _ = writeln!(
         r,
         "\npgio's `tp_btf/sched_switch` program (it moves a switched-out thread's pending \
