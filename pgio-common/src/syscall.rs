@@ -121,15 +121,14 @@ pub struct SyscallStart {
 }
 
 /// Value of the per-CPU `SYSCALL_CPU`: the thread running on this CPU and its tracked syscall
-/// in progress. `sched_switch` writes the incoming thread's ids (so the syscall programs need
-/// no helper call to know who runs) and moves an outgoing thread's pending start into
-/// `SYSCALL_SPILLED`: between a thread's enter and exit no other thread runs on the CPU
-/// unless the scheduler switches.
+/// in progress. `sched_switch` clears the ids (the next program asks the kernel once) and
+/// moves an outgoing thread's pending start into `SYSCALL_SPILLED`: between a thread's enter
+/// and exit no other thread runs on the CPU unless the scheduler switches.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuSyscall {
-    /// The running thread; 0 (the idle task, which makes no syscalls): not known yet (no
-    /// switch seen since pgio started), ask the kernel.
+    /// The running thread; 0 (the idle task, which makes no syscalls): not asked since the
+    /// last switch.
     pub tid: u32,
     pub tgid: u32,
     /// Nonzero: the running thread entered a tracked syscall on this CPU and has not been

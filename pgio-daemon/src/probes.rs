@@ -126,7 +126,7 @@ pub fn table() -> Vec<Probe> {
         probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
         probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
         probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
-        // Names the running thread for the syscall programs and moves a switched-out
+        // Tells the syscall programs that another thread runs and moves a switched-out
         // thread's pending syscall start off its CPU; before them in this table.
         probe(SCHED_SWITCH, BtfTracePoint, false, ProbeFamily::Syscall),
         TITLE,
@@ -294,8 +294,8 @@ pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes>
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status: Vec<ProbeStatus> = Vec::new();
     for probe in table() {
-        // The syscall programs learn from `sched_switch` which thread runs: without it they
-        // would book one thread's calls on another's series, so they stay off.
+        // The syscall programs learn from `sched_switch` that another thread runs: without
+        // it they would book one thread's calls on another's series, so they stay off.
         let switch_missing = probe.family == ProbeFamily::Syscall
             && probe.program != SCHED_SWITCH
             && status
@@ -303,8 +303,8 @@ pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes>
                 .any(|s| s.program == SCHED_SWITCH && !s.attached);
         let result = if switch_missing {
             Err(anyhow::anyhow!(
-                "tp_btf/{SCHED_SWITCH}, which tells the syscall programs which thread runs, \
-                 is not attached"
+                "tp_btf/{SCHED_SWITCH}, which tells the syscall programs that another thread \
+                 runs, is not attached"
             ))
         } else {
             attach_one(&mut ebpf, &aya_btf, &probe)

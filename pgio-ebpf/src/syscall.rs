@@ -3,13 +3,13 @@
 //! The start of a call waits in its CPU's `SYSCALL_CPU` slot: a cached read neither blocks
 //! nor is preempted, so its exit finds it there with an array lookup. When the scheduler
 //! switches a thread out mid-call (`sched_switch`), its start moves into `SYSCALL_SPILLED`,
-//! keyed by thread id, where the exit looks on any CPU. `sched_switch` also writes the ids of
-//! the thread it switches in, so a syscall program learns who runs from the slot instead of
-//! a helper call (an untracked process' call costs one array lookup more than an empty
-//! program).
+//! keyed by thread id, where the exit looks on any CPU. The slot also keeps the running
+//! thread's ids from the first program that asked for them until the next switch, so a
+//! thread that is not switched out between its calls (a cached read loop) pays the helper
+//! call once, not in every program.
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{BtfTracePointContext, TracePointContext},
@@ -25,7 +25,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, hist, kernel_offsets::offsets, query, tracked};
+use crate::{drops, hist, query, tracked};
 
 /// The tracked syscall in progress on this CPU.
 #[map]
@@ -63,7 +63,8 @@ static SYSCALL_ROW_GEN: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0
 /// `sys_enter_futex` record.
 const FUTEX_OP_OFFSET: usize = 24;
 
-/// This CPU's slot, with its running thread's ids filled in if no switch has been seen yet.
+/// This CPU's slot, with its running thread's ids filled in: asked of the kernel by the first
+/// program that needs them since the last switch.
 #[inline(always)]
 fn cpu() -> Option<*mut CpuSyscall> {
     let c = SYSCALL_CPU.get_ptr_mut(0)?;
@@ -248,11 +249,11 @@ pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
     exit(Syscall::Futex)
 }
 
-/// `sched_switch(preempt, prev, next, ...)` runs in the context of the thread being switched
-/// out (`current` is still `prev`): a start pending on this CPU is that thread's, and moves
-/// into `SYSCALL_SPILLED`; then the slot names `next`, the thread about to run here.
+/// `sched_switch` runs in the context of the thread being switched out (`current` is still
+/// `prev`): a start pending on this CPU is that thread's, and moves into `SYSCALL_SPILLED`;
+/// then the slot forgets who runs.
 #[btf_tracepoint(function = "sched_switch")]
-pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+pub fn sched_switch(_ctx: BtfTracePointContext) -> i32 {
     let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
     };
@@ -266,24 +267,10 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
                 drops::count(DropReason::SyscallStartUnavailable);
             }
         }
-        let next: u64 = ctx.arg(2);
-        let off = offsets();
-        let ids = if off.task_tgid == off.task_pid + 4 {
-            // `pid_t pid; pid_t tgid;`: one read for both.
-            bpf_probe_read_kernel((next + off.task_pid as u64) as *const u64).ok()
-        } else {
-            match (
-                bpf_probe_read_kernel((next + off.task_pid as u64) as *const u32),
-                bpf_probe_read_kernel((next + off.task_tgid as u64) as *const u32),
-            ) {
-                (Ok(pid), Ok(tgid)) => Some(pid as u64 | (tgid as u64) << 32),
-                _ => None,
-            }
-        };
-        // Unreadable: 0, ask the kernel at the next syscall.
-        let ids = ids.unwrap_or(0);
-        (*c).tid = ids as u32;
-        (*c).tgid = (ids >> 32) as u32;
+        // The next syscall program on this CPU asks the kernel who runs, once: cheaper than
+        // reading `next`'s ids here, at every switch of every process on the node.
+        (*c).tid = 0;
+        (*c).tgid = 0;
     }
     0
 }

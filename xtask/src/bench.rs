@@ -7,6 +7,7 @@
 //! 3. the daemon's RSS and CPU, idle and scraped every second;
 //! 4. criterion benches of the userspace hot spots.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -687,6 +688,10 @@ struct Tps {
     without: Vec<f64>,
     /// pgio with `query_probes = false`.
     with: Vec<f64>,
+    /// Each pgio program's (run seconds, runs) in one more `with` run, with bpf_stats on, and
+    /// its wall seconds: where the CPU that pgio takes from pgbench goes.
+    with_programs: BTreeMap<String, (f64, f64)>,
+    with_secs: f64,
     /// pgio with its query probe (a uprobe hit per backend state change).
     with_queries: Vec<f64>,
 }
@@ -712,6 +717,8 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let mut tps = Tps {
         without: Vec::new(),
         with: Vec::new(),
+        with_programs: BTreeMap::new(),
+        with_secs: 0.0,
         with_queries: Vec::new(),
     };
     // One round: without pgio, with pgio, with pgio and its query probe; the order rotates.
@@ -743,6 +750,27 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
                 d.stop()?;
             }
         }
+    }
+    // Apart from the pairs: bpf_stats costs two clock reads per program run.
+    let stats = BpfStats::enable()?;
+    let d = Daemon::start(&bins.daemon, "query_probes = false\n")?;
+    d.wait_tracked("postgres", "postmaster")?;
+    let before = d.scrape()?;
+    let started = Instant::now();
+    pgbench_tps(&pg, o.pgbench_secs)?;
+    tps.with_secs = started.elapsed().as_secs_f64();
+    let after = d.scrape()?;
+    d.stop()?;
+    drop(stats);
+    for s in after.samples("pgio_bpf_program_runs_total") {
+        let Some(p) = s.labels.get("program") else {
+            continue;
+        };
+        let l = [("program", p.as_str())];
+        let secs = after.sum("pgio_bpf_program_run_seconds_total", &l)
+            - before.sum("pgio_bpf_program_run_seconds_total", &l);
+        let runs = s.value - before.sum("pgio_bpf_program_runs_total", &l);
+        tps.with_programs.insert(p.clone(), (secs, runs));
     }
     pg.stop()?;
     Ok(tps)
@@ -1058,6 +1086,32 @@ fn report(
         mwq / mw
     );
 
+    let _ = writeln!(
+        r,
+        "\nWhere pgio's programs spend CPU under pgbench: one more `with pgio` run of {:.0} s \
+         after the pairs, with kernel bpf_stats on (which the pairs are not, as it adds two \
+         clock reads to every program run); the programs that ran most:\n\n| program | runs a \
+         second | ns per run | CPU (% of one core) |\n|---|---:|---:|---:|",
+        tps.with_secs
+    );
+    let mut progs: Vec<_> = tps.with_programs.iter().collect();
+    progs.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let secs = tps.with_secs.max(1e-9);
+    for (p, (run_secs, runs)) in progs.iter().take(8) {
+        let _ = writeln!(
+            r,
+            "| `{p}` | {:.0} | {:.1} | {:.2} % |",
+            runs / secs,
+            run_secs * 1e9 / runs.max(1.0),
+            run_secs / secs * 100.0
+        );
+    }
+    let total: f64 = progs.iter().map(|(_, (s, _))| s).sum();
+    let _ = writeln!(
+        r,
+        "| all of pgio's programs | | | {:.2} % |",
+        total / secs * 100.0
+    );
     let _ = writeln!(r, "\n## 3. Daemon footprint\n");
     let _ = writeln!(r, "| state | CPU (% of one core) | RSS |\n|---|---:|---:|");
     let _ = writeln!(
