@@ -7,6 +7,13 @@ use pgio_testkit::{LoadProcess, pgio_load_bin, require_root, temp_dir};
 const PREAD64: u64 = 5_000;
 const PREADV: u64 = 3_000;
 
+/// A rule booking the `pgio-load` runs whose command line matches `cmdline` as `app="test"`.
+fn rule(role: &str, cmdline: &str) -> String {
+    format!(
+        "[[rule]]\napp = \"test\"\nrole = \"{role}\"\ncomm = \"^pgio-load$\"\ncmdline = \"{cmdline}\"\n"
+    )
+}
+
 #[test]
 fn exact_pread64_and_preadv_counts() {
     if !require_root("exact_pread64_and_preadv_counts") {
@@ -15,7 +22,9 @@ fn exact_pread64_and_preadv_counts() {
     let dir = temp_dir().expect("temp dir");
     let file = dir.path().join("data");
     std::fs::write(&file, vec![7u8; 1 << 20]).expect("data file");
-    let daemon = Daemon::start(&[("test", "pread", "^pgio-load$")]).expect("daemon");
+    // Its own file in the rule: the other test of this binary runs `pgio-load` at once.
+    let daemon =
+        Daemon::with_config(&rule("pread", &format!("{} ", file.display()))).expect("daemon");
     let path = file.to_str().expect("utf-8").to_owned();
     let mut load = LoadProcess::spawn(
         &pgio_load_bin().expect("pgio-load"),
@@ -78,11 +87,6 @@ fn exact_counts_for_processes_sharing_one_cpu() {
     for f in [&tracked, &untracked] {
         std::fs::write(f, vec![7u8; 1 << 20]).expect("data file");
     }
-    let rule = |role: &str, cmdline: &str| {
-        format!(
-            "[[rule]]\napp = \"test\"\nrole = \"{role}\"\ncomm = \"^pgio-load$\"\ncmdline = \"{cmdline}\"\n"
-        )
-    };
     let daemon = Daemon::with_config(&format!(
         "{}{}{}",
         rule("reader", &format!("{} ", tracked.display())),
@@ -140,34 +144,24 @@ fn exact_counts_for_processes_sharing_one_cpu() {
     done.push(loads[4].wait_done().expect("waiter"));
     assert_eq!(done, [READS, READS, READS, WAKES, WAITS]);
     let after = daemon.scrape();
-    let count = |role: &str, syscall: &str| {
+    // Calls of `role` in the syscall family (`syscall` = "": all of them), or its futex waits.
+    let count = |family: &str, role: &str, syscall: &str| {
+        let mut labels = vec![("app", "test"), ("role", role)];
+        if !syscall.is_empty() {
+            labels.push(("syscall", syscall));
+        }
         delta(
             &before,
             &after,
-            "pgio_syscall_seconds_count",
-            &[("app", "test"), ("role", role), ("syscall", syscall)],
+            &format!("pgio_{family}_seconds_count"),
+            &labels,
         )
     };
-    let total = |role: &str| {
-        delta(
-            &before,
-            &after,
-            "pgio_syscall_seconds_count",
-            &[("app", "test"), ("role", role)],
-        )
-    };
-    let futex = |role: &str| {
-        delta(
-            &before,
-            &after,
-            "pgio_futex_wait_seconds_count",
-            &[("app", "test"), ("role", role)],
-        )
-    };
+    let (total, futex) = (|r| count("syscall", r, ""), |r| count("futex_wait", r, ""));
     eprintln!(
         "{switched} context switches of the loads while they ran; reader pread64 {} (of {}), \
          waker futex {}, waiter futex {}",
-        count("reader", "pread64"),
+        count("syscall", "reader", "pread64"),
         2 * READS,
         futex("waker"),
         futex("waiter")
@@ -176,7 +170,7 @@ fn exact_counts_for_processes_sharing_one_cpu() {
         switched >= 100,
         "the loads shared the CPU: {switched} switches"
     );
-    assert_eq!(count("reader", "pread64"), (2 * READS) as f64);
+    assert_eq!(count("syscall", "reader", "pread64"), (2 * READS) as f64);
     assert_eq!(total("reader"), (2 * READS) as f64);
     assert_eq!(futex("reader") + total("waker") + futex("waker"), 0.0);
     assert_eq!(futex("waiter"), WAITS as f64);

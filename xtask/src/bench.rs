@@ -1093,8 +1093,7 @@ fn report(
          clock reads to every program run: an empty program measures {:.1} ns per run, so most \
          of a short program's figure is bpf_stats' own); the programs that ran most:\n\n| \
          program | runs a second | ns per run | CPU (% of one core) |\n|---|---:|---:|---:|",
-        tps.with_secs,
-        programs.floor.0
+        tps.with_secs, programs.floor.0
     );
     let mut progs: Vec<_> = tps.with_programs.iter().collect();
     progs.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
