@@ -134,7 +134,16 @@ fn entry(rq: u64) -> Option<*mut BlockIoInflight> {
             }
             Some(e)
         }
-        None => start(rq, current_series(), 0),
+        None => {
+            let series = current_series();
+            // No `block_io_start` on this kernel (< 6.5): the insert or issue that made the
+            // entry ran in the submitter's context, so this is where a tracked thread's read
+            // becomes a page cache miss (without it every read there counted as a hit).
+            if series.is_tracked() {
+                syscall::mark_block_io();
+            }
+            start(rq, series, 0)
+        }
     }
 }
 
