@@ -46,6 +46,16 @@ pub use tempfile::TempDir;
 /// Env var that turns "skip without root" into a test failure (for CI running as root).
 pub const REQUIRE_ROOT_ENV: &str = "PGIO_REQUIRE_ROOT_TESTS";
 
+/// Env var `cargo xtask integration` sets in its guests (to `tcg`): the machine is emulated,
+/// ~16× slower than the host, so bars on absolute latencies of a userspace IO path do not hold
+/// there (counts and attribution still do).
+pub const EMULATED_ENV: &str = "PGIO_TEST_EMULATED";
+
+/// The emulator named by `PGIO_TEST_EMULATED`, when the tests run in one.
+pub fn emulated() -> Option<String> {
+    std::env::var(EMULATED_ENV).ok().filter(|v| !v.is_empty())
+}
+
 /// True if the test may run (effective uid 0). Otherwise panics when
 /// `PGIO_REQUIRE_ROOT_TESTS` is set, or prints a skip reason and returns false.
 pub fn require_root(test_name: &str) -> bool {
