@@ -94,6 +94,8 @@ pub struct Options {
     pub test_timeout: Duration,
     pub memory_mb: u32,
     pub update_kernels: bool,
+    /// Run the tests even when `pgio-daemon check` fails in the guest.
+    pub run_if_check_fails: bool,
 }
 
 /// `name[:filter+filter…]`: one test target of pgio-daemon, optionally only the tests whose
@@ -693,6 +695,10 @@ fn run_kernel(
         ),
         ("PGIO_PG_DIST", host.pg_dist.display().to_string()),
         ("TEST_TIMEOUT", opts.test_timeout.as_secs().to_string()),
+        (
+            "RUN_IF_CHECK_FAILS",
+            u8::from(opts.run_if_check_fails).to_string(),
+        ),
         ("TESTS", tests.join("\n")),
     ])?;
     fs::write(results.join("run.env"), env)?;
@@ -769,7 +775,11 @@ fn show_progress(results: &Path, kernel: &Kernel, shown: usize) -> usize {
     for l in lines.iter().skip(shown) {
         let mut w = l.split_whitespace();
         if let (Some(name), Some(rc)) = (w.next(), w.next()) {
-            let verdict = if rc == "0" { "pass" } else { "FAIL" };
+            let verdict = match rc {
+                "0" => "pass",
+                "skipped" => "not run (check failed)",
+                _ => "FAIL",
+            };
             step(format!("kernel {}: {name}: {verdict}", kernel.series));
         }
     }
@@ -835,10 +845,10 @@ impl KernelReport {
                     s,
                     "| {} | {} | {} | {} | {} |",
                     t.name,
-                    if t.passed {
-                        "pass".to_owned()
-                    } else {
-                        format!("**FAIL** (exit {})", t.exit)
+                    match (t.passed, t.exit.as_str()) {
+                        (true, _) => "pass".to_owned(),
+                        (false, "skipped") => "**not run**".to_owned(),
+                        (false, exit) => format!("**FAIL** (exit {exit})"),
                     },
                     fmt_duration(t.duration),
                     t.counts,
@@ -917,10 +927,10 @@ fn collect(
             passed: rc == "0",
             exit: rc.to_owned(),
             duration: Duration::from_secs_f64((secs(end) - secs(start)).max(0.0)),
-            figures: if rc == "124" {
-                vec![format!("timed out; {}", figures.join("; "))]
-            } else {
-                figures
+            figures: match rc {
+                "124" => vec![format!("timed out; {}", figures.join("; "))],
+                "skipped" => vec!["not run: `pgio-daemon check` failed (below)".to_owned()],
+                _ => figures,
             },
             counts,
         });

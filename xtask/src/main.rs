@@ -115,6 +115,10 @@ enum Cmd {
         /// under target/integration/kernels.
         #[arg(long)]
         update_kernels: bool,
+        /// Run the tests even when `pgio-daemon check` fails in the guest (by default they
+        /// are listed as not run: each would only wait a minute for a daemon that cannot start).
+        #[arg(long)]
+        run_if_check_fails: bool,
     },
     /// Setup, build pgio-daemon (release) and the container image localhost/pgio:<version>
     /// (and :latest) from deploy/image/Containerfile with podman (installed if missing).
@@ -164,6 +168,7 @@ fn real_main() -> Result<()> {
             test_timeout_secs,
             memory_mb,
             update_kernels,
+            run_if_check_fails,
         } => {
             let tests = if tests.is_empty() {
                 integration::DEFAULT_TESTS
@@ -179,6 +184,7 @@ fn real_main() -> Result<()> {
                 test_timeout: std::time::Duration::from_secs(test_timeout_secs),
                 memory_mb,
                 update_kernels,
+                run_if_check_fails,
             };
             integration::integration(&root, setup.skip_setup, &opts)
         }

@@ -59,7 +59,8 @@ chmod 1777 /tmp
     echo "cpus $(nproc)"
 } >/results/guest-info
 "$PGIO_DAEMON" check >/results/check.log 2>&1
-echo "$?" >/results/check.rc
+check_rc=$?
+echo "$check_rc" >/results/check.rc
 
 # PGIO_TEST_EMULATED: bars on absolute latencies of userspace IO paths do not hold under TCG.
 export HOME=/root PGIO_REQUIRE_ROOT_TESTS=1 RUST_BACKTRACE=1 PGIO_TEST_EMULATED=tcg
@@ -69,6 +70,12 @@ cd /tmp || poweroff_now
 # TESTS: lines "name binary filter…"
 echo "$TESTS" | while read -r name bin filters; do
     [ -n "$name" ] || continue
+    # pgio cannot start on this kernel (check.log says why): every test would only wait a
+    # minute for the daemon and fail the same way.
+    if [ "$check_rc" != 0 ] && [ "$RUN_IF_CHECK_FAILS" != 1 ]; then
+        echo "$name skipped 0 0" >>/results/summary
+        continue
+    fi
     log "test $name: start"
     start=$(cut -d' ' -f1 /proc/uptime)
     # shellcheck disable=SC2086
