@@ -12,6 +12,7 @@ pub mod diskstats;
 pub mod ext4;
 pub mod fake;
 pub mod fio;
+pub mod iscsi;
 pub mod kubepods;
 pub mod load;
 pub mod longhorn;

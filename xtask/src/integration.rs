@@ -68,6 +68,10 @@ pub const HOST_PACKAGES: &[&str] = &[
     "xz-utils",
     "zstd",
     "e2fsprogs",
+    // The iscsi test's target and initiator (run in the guest only; their services are not
+    // started here).
+    "tgt",
+    "open-iscsi",
 ];
 
 /// Modules the initramfs loads to reach the root filesystem (with their dependencies).
@@ -84,6 +88,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "pg_scan:pg15_+pg17_",
     "pg_churn",
     "longhorn_stack",
+    "iscsi",
 ];
 
 const INIT_SH: &str = include_str!("integration/init.sh");
