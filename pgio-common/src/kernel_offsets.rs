@@ -10,7 +10,7 @@ pub struct KernelOffsets {
     pub request_cmd_flags: u32,
     /// `struct request.q`
     pub request_q: u32,
-    /// `struct request_queue.disk`
+    /// `struct request_queue.disk` (Linux >= 5.15; 0 when `request_disk` is used)
     pub queue_disk: u32,
     /// `struct gendisk.major`
     pub gendisk_major: u32,
@@ -24,5 +24,11 @@ pub struct KernelOffsets {
     pub task_mm: u32,
     /// `struct mm_struct.arg_start` (where a process' argv, so a Postgres title, starts)
     pub mm_arg_start: u32,
+    /// `struct request.rq_disk` on kernels before 5.15, where the queue has no `disk`; 0
+    /// (never a real offset: `q` comes first) when the disk is `rq->q->disk`.
+    pub request_disk: u32,
+    /// Which argument of `block_rq_insert`/`_issue`/`_requeue` is the `struct request *`: 1
+    /// before Linux 5.11 (`(struct request_queue *q, struct request *rq)`), else 0.
+    pub block_rq_arg: u32,
     pub _pad: u32,
 }

@@ -22,6 +22,28 @@ impl KernelBtf {
             .is_ok_and(|ids| !ids.is_empty())
     }
 
+    /// How many arguments `tp_btf/<name>` passes (its `btf_trace_<name>` prototype less the
+    /// leading `void *`), or None when the kernel has no such hook.
+    pub fn btf_tracepoint_args(&self, name: &str) -> Result<Option<usize>> {
+        let Ok(types) = self.0.resolve_types_by_name(&format!("btf_trace_{name}")) else {
+            return Ok(None);
+        };
+        let Some(Type::Typedef(td)) = types.into_iter().next() else {
+            return Ok(None);
+        };
+        let mut t = self.0.resolve_chained_type(&td)?;
+        if let Type::Ptr(p) = t {
+            t = self.0.resolve_chained_type(&p)?;
+        }
+        match t {
+            Type::FuncProto(fp) => Ok(Some(fp.parameters.len().saturating_sub(1))),
+            other => bail!(
+                "btf_trace_{name} is a {}, not a function pointer",
+                other.name()
+            ),
+        }
+    }
+
     /// Byte offset of `field` in `struct name`, looking through anonymous struct/union
     /// members. A kernel that renamed the field fails here, by name.
     pub fn offset_of(&self, name: &str, field: &str) -> Result<u32> {

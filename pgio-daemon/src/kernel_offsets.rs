@@ -10,10 +10,22 @@ use crate::btf::KernelBtf;
 pub const GLOBAL: &str = "KERNEL_OFFSETS";
 
 pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
+    // The request's disk: `rq->q->disk` since 5.15, `rq->rq_disk` until 5.19 (6.0 removed it).
+    let (queue_disk, request_disk) = match btf.offset_of("request_queue", "disk") {
+        Ok(off) => (off, 0),
+        Err(queue_err) => {
+            let off = btf.offset_of("request", "rq_disk").map_err(|e| {
+                anyhow::anyhow!("no way from a request to its disk: {queue_err:#}; {e:#}")
+            })?;
+            (0, off)
+        }
+    };
     Ok(KernelOffsets {
         request_cmd_flags: btf.offset_of("request", "cmd_flags")?,
         request_q: btf.offset_of("request", "q")?,
-        queue_disk: btf.offset_of("request_queue", "disk")?,
+        queue_disk,
+        request_disk,
+        block_rq_arg: block_rq_arg(btf)?,
         gendisk_major: btf.offset_of("gendisk", "major")?,
         gendisk_first_minor: btf.offset_of("gendisk", "first_minor")?,
         task_pid: btf.offset_of("task_struct", "pid")?,
@@ -21,6 +33,17 @@ pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
         task_mm: btf.offset_of("task_struct", "mm")?,
         mm_arg_start: btf.offset_of("mm_struct", "arg_start")?,
         _pad: 0,
+    })
+}
+
+/// The index of `struct request *` among `block_rq_insert`'s arguments (issue and requeue
+/// changed with it): Linux 5.11 dropped their leading `struct request_queue *`. A kernel
+/// without the hook gets 0 (the program will not attach anyway).
+fn block_rq_arg(btf: &KernelBtf) -> Result<u32> {
+    Ok(match btf.btf_tracepoint_args("block_rq_insert")? {
+        Some(2) => 1,
+        Some(1) | None => 0,
+        Some(n) => anyhow::bail!("block_rq_insert has {n} arguments: expected 1 or 2"),
     })
 }
 
@@ -42,5 +65,8 @@ mod tests {
             "pid and tgid are adjacent: {o:?}"
         );
         assert!(o.gendisk_first_minor == o.gendisk_major + 4, "{o:?}");
+        // This kernel (6.x): the disk through the queue, the request first.
+        assert!(o.queue_disk > 0 && o.request_disk == 0, "{o:?}");
+        assert_eq!(o.block_rq_arg, 0, "{o:?}");
     }
 }

@@ -159,6 +159,11 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
 }
 
+/// The eBPF object, or None in a build without it (`AYA_BUILD_SKIP`).
+pub fn object() -> Option<&'static [u8]> {
+    (!OBJECT.is_empty()).then_some(OBJECT)
+}
+
 fn require_object() -> Result<()> {
     if OBJECT.is_empty() {
         bail!(

@@ -40,14 +40,19 @@ unsafe fn read<T>(addr: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(addr as *const T).ok() }
 }
 
-/// `rq->q->disk->{major, first_minor}` and the op from `rq->cmd_flags`.
+/// `rq->q->disk->{major, first_minor}` (before 5.15 `rq->rq_disk->…`) and the op from
+/// `rq->cmd_flags`.
 #[inline(always)]
 fn device_and_op(rq: u64) -> Option<(u32, BlockOp)> {
     let off = offsets();
     unsafe {
         let flags: u32 = read(rq + off.request_cmd_flags as u64)?;
-        let q: u64 = read(rq + off.request_q as u64)?;
-        let disk: u64 = read(q + off.queue_disk as u64)?;
+        let disk: u64 = if off.request_disk != 0 {
+            read(rq + off.request_disk as u64)?
+        } else {
+            let q: u64 = read(rq + off.request_q as u64)?;
+            read(q + off.queue_disk as u64)?
+        };
         if disk == 0 {
             return None;
         }
@@ -134,7 +139,28 @@ fn entry(rq: u64) -> Option<*mut BlockIoInflight> {
             }
             Some(e)
         }
-        None => start(rq, current_series(), 0),
+        None => {
+            let series = current_series();
+            // No `block_io_start` on this kernel (< 6.5): the insert or issue that made the
+            // entry ran in the submitter's context, so this is where a tracked thread's read
+            // becomes a page cache miss (without it every read there counted as a hit).
+            if series.is_tracked() {
+                syscall::mark_block_io();
+            }
+            start(rq, series, 0)
+        }
+    }
+}
+
+/// The `struct request *` of `block_rq_insert`, `_issue` and `_requeue`: before 5.11 their
+/// first argument was the queue. The offset is a constant of the frozen globals, so the
+/// verifier drops the other branch (an argument the hook does not have is rejected).
+#[inline(always)]
+fn rq_arg(ctx: &BtfTracePointContext) -> u64 {
+    if offsets().block_rq_arg == 1 {
+        ctx.arg(1)
+    } else {
+        ctx.arg(0)
     }
 }
 
@@ -153,7 +179,7 @@ pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
 /// Only requests that go through a scheduler queue (or a requeue) get here.
 #[btf_tracepoint(function = "block_rq_insert")]
 pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
+    let rq = rq_arg(&ctx);
     let Some(e) = entry(rq) else {
         return 0;
     };
@@ -170,7 +196,7 @@ pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
 /// context, the hotter path) reads nothing but the entry.
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
+    let rq = rq_arg(&ctx);
     let Some(e) = entry(rq) else {
         return 0;
     };
@@ -187,7 +213,7 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
 /// from its first submission.
 #[btf_tracepoint(function = "block_rq_requeue")]
 pub fn block_rq_requeue(ctx: BtfTracePointContext) -> i32 {
-    let rq: u64 = ctx.arg(0);
+    let rq = rq_arg(&ctx);
     if let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
         unsafe { (*e).issue_ns = 0 };
     }

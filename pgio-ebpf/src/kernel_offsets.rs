@@ -15,6 +15,8 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     task_tgid: 0,
     task_mm: 0,
     mm_arg_start: 0,
+    request_disk: 0,
+    block_rq_arg: 0,
     _pad: 0,
 };
 

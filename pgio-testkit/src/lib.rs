@@ -12,6 +12,7 @@ pub mod diskstats;
 pub mod ext4;
 pub mod fake;
 pub mod fio;
+pub mod iscsi;
 pub mod kubepods;
 pub mod load;
 pub mod longhorn;
@@ -45,6 +46,16 @@ pub use tempfile::TempDir;
 
 /// Env var that turns "skip without root" into a test failure (for CI running as root).
 pub const REQUIRE_ROOT_ENV: &str = "PGIO_REQUIRE_ROOT_TESTS";
+
+/// Env var `cargo xtask integration` sets in its guests (to `tcg`): the machine is emulated,
+/// ~16× slower than the host, so bars on absolute latencies of a userspace IO path do not hold
+/// there (counts and attribution still do).
+pub const EMULATED_ENV: &str = "PGIO_TEST_EMULATED";
+
+/// The emulator named by `PGIO_TEST_EMULATED`, when the tests run in one.
+pub fn emulated() -> Option<String> {
+    std::env::var(EMULATED_ENV).ok().filter(|v| !v.is_empty())
+}
 
 /// True if the test may run (effective uid 0). Otherwise panics when
 /// `PGIO_REQUIRE_ROOT_TESTS` is set, or prints a skip reason and returns false.

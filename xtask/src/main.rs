@@ -8,6 +8,7 @@ mod bench;
 mod commands;
 mod deploy;
 mod image;
+mod integration;
 mod toolchain;
 mod util;
 
@@ -94,6 +95,35 @@ enum Cmd {
         #[command(flatten)]
         setup: SetupFlag,
     },
+    /// Boot Debian's own kernels (5.10, 6.1, 6.12) in qemu (TCG) on the host's root filesystem
+    /// (read-only 9p + tmpfs overlay) and run the root integration tests inside each; prints
+    /// a table kernel × test (also in target/integration/report.md). Needs root.
+    Integration {
+        #[command(flatten)]
+        setup: SetupFlag,
+        /// Kernel series: 5.10, 6.1, 6.12, a comma-separated list of them, or all.
+        #[arg(long, default_value = "6.1")]
+        kernel: String,
+        /// Tests, comma-separated: integration test targets of pgio-daemon, each optionally
+        /// with libtest filters joined by `+` (`block_io,pg_scan:pg15_+pg17_`). Default:
+        /// block_io, syscall, futex, postgres, pg_scan:pg15_+pg17_, pg_churn, longhorn_stack.
+        #[arg(long, value_delimiter = ',')]
+        tests: Vec<integration::TestSpec>,
+        /// Per test binary, in the guest (TCG is ~16x slower than the host).
+        #[arg(long, default_value_t = 1200)]
+        test_timeout_secs: u64,
+        /// Guest memory.
+        #[arg(long, default_value_t = 4096)]
+        memory_mb: u32,
+        /// Resolve and download the newest kernel packages again instead of using the cache
+        /// under target/integration/kernels.
+        #[arg(long)]
+        update_kernels: bool,
+        /// Run the tests even when `pgio-daemon check` fails in the guest (by default they
+        /// are listed as not run: each would only wait a minute for a daemon that cannot start).
+        #[arg(long)]
+        run_if_check_fails: bool,
+    },
     /// Setup, build pgio-daemon (release) and the container image localhost/pgio:<version>
     /// (and :latest) from deploy/image/Containerfile with podman (installed if missing).
     Image {
@@ -135,6 +165,33 @@ fn real_main() -> Result<()> {
             sample_secs,
         } => commands::soak(&root, setup.skip_setup, minutes, sample_secs),
         Cmd::Image { setup } => image::image(&root, setup.skip_setup),
+        Cmd::Integration {
+            setup,
+            kernel,
+            tests,
+            test_timeout_secs,
+            memory_mb,
+            update_kernels,
+            run_if_check_fails,
+        } => {
+            let tests = if tests.is_empty() {
+                integration::DEFAULT_TESTS
+                    .iter()
+                    .map(|t| t.parse())
+                    .collect::<Result<Vec<_>>>()?
+            } else {
+                tests
+            };
+            let opts = integration::Options {
+                kernels: integration::kernel_by_series(&kernel)?,
+                tests,
+                test_timeout: std::time::Duration::from_secs(test_timeout_secs),
+                memory_mb,
+                update_kernels,
+                run_if_check_fails,
+            };
+            integration::integration(&root, setup.skip_setup, &opts)
+        }
         Cmd::Bench {
             setup,
             quick,
