@@ -148,6 +148,21 @@ impl std::fmt::Display for TestSpec {
     }
 }
 
+/// What `cargo xtask test` runs: Debian 6.1 (the fallback path), these tests, the defaults.
+pub fn ci_options(tests: &[&str]) -> Result<Options> {
+    Ok(Options {
+        kernels: kernel_by_series("6.1")?,
+        tests: tests
+            .iter()
+            .map(|t| t.parse())
+            .collect::<Result<Vec<_>>>()?,
+        test_timeout: Duration::from_secs(1200),
+        memory_mb: 4096,
+        update_kernels: false,
+        run_if_check_fails: false,
+    })
+}
+
 pub fn kernel_by_series(s: &str) -> Result<Vec<Kernel>> {
     if s == "all" {
         return Ok(KERNELS.to_vec());
