@@ -707,6 +707,8 @@ fn run_kernel(
         .collect();
     let env = shell_vars(&[
         ("GUEST_MODULES", GUEST_MODULES.join(" ")),
+        // Kept visible when it lives under /tmp, which the scratch disk covers in the guest.
+        ("WORKSPACE", root.display().to_string()),
         ("PGIO_DAEMON", host.daemon.display().to_string()),
         ("PGIO_LOAD_BIN", host.load.display().to_string()),
         (

@@ -48,11 +48,23 @@ hostname pgio-guest
 for m in $GUEST_MODULES; do
     modprobe "$m" || log "modprobe $m failed"
 done
+# A workspace under /tmp (a clone made there) would be hidden by it: bind it back.
+case "$WORKSPACE" in
+/tmp/*) mkdir -p /.host-tmp && mount -o bind /tmp /.host-tmp ;;
+esac
 mount -t ext4 /dev/vda /tmp || {
     log "cannot mount the scratch disk on /tmp"
     poweroff_now
 }
 chmod 1777 /tmp
+case "$WORKSPACE" in
+/tmp/*)
+    mkdir -p "$WORKSPACE" && mount -o bind "/.host-tmp${WORKSPACE#/tmp}" "$WORKSPACE" || {
+        log "cannot bind $WORKSPACE over the scratch disk"
+        poweroff_now
+    }
+    ;;
+esac
 
 {
     echo "kernel $(uname -r)"
