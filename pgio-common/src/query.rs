@@ -42,7 +42,7 @@ pub struct QueryKey {
     pub _pad: [u8; 2],
 }
 
-/// Per-thread query state, in task storage. `start_ns == 0`: no query running.
+/// A backend thread's running query (`QUERY`, by thread id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueryState {

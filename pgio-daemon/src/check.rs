@@ -79,7 +79,6 @@ pub fn run_checks() -> Vec<Finding> {
             None
         }
     };
-    out.extend(map_types());
     for probe in probes::table() {
         let program = &*probe.program;
         let (kind, present) = match probe.attach {
@@ -111,64 +110,6 @@ pub fn run_checks() -> Vec<Finding> {
         out.push(finding(level, what));
     }
     out
-}
-
-/// What each task storage map of the object holds, for the finding when the kernel has none.
-fn task_storage_use(map: &str) -> &'static str {
-    match map {
-        "QUERY" => "the running query of each backend thread (pgio_query_* metrics)",
-        "SYSCALL_START" => "each thread's syscall start time (pgio_syscall_seconds)",
-        _ => "per-thread state of its programs",
-    }
-}
-
-/// Map types the eBPF object uses that this kernel cannot create: aya creates every map of
-/// the object before any program loads, so one such map stops pgio from loading at all.
-fn map_types() -> Vec<Finding> {
-    use aya::maps::MapType;
-    let Some(object) = probes::object() else {
-        return Vec::new();
-    };
-    let maps = match aya_obj::Object::parse(object) {
-        Ok(obj) => obj.maps,
-        Err(e) => return vec![finding(Level::Fail, format!("eBPF object: {e}"))],
-    };
-    let mut task_storage: Vec<&str> = maps
-        .iter()
-        .filter(|(_, m)| {
-            m.map_type() == aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as u32
-        })
-        .map(|(name, _)| name.as_str())
-        .collect();
-    if task_storage.is_empty() {
-        return Vec::new();
-    }
-    task_storage.sort_unstable();
-    match aya::sys::is_map_supported(MapType::TaskStorage) {
-        Ok(true) => vec![finding(
-            Level::Ok,
-            format!(
-                "BPF_MAP_TYPE_TASK_STORAGE (maps {})",
-                task_storage.join(", ")
-            ),
-        )],
-        Ok(false) => vec![finding(
-            Level::Fail,
-            format!(
-                "BPF_MAP_TYPE_TASK_STORAGE missing (Linux >= 5.11 has it): the eBPF object \
-                 cannot load, so pgio cannot run; its task storage maps: {}",
-                task_storage
-                    .iter()
-                    .map(|m| format!("{m} ({})", task_storage_use(m)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )],
-        Err(e) => vec![finding(
-            Level::Warn,
-            format!("cannot tell whether the kernel has BPF_MAP_TYPE_TASK_STORAGE: {e}"),
-        )],
-    }
 }
 
 /// Capabilities only (what `run` checks before loading anything).

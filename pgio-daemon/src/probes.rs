@@ -159,11 +159,6 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
 }
 
-/// The eBPF object, or None in a build without it (`AYA_BUILD_SKIP`).
-pub fn object() -> Option<&'static [u8]> {
-    (!OBJECT.is_empty()).then_some(OBJECT)
-}
-
 fn require_object() -> Result<()> {
     if OBJECT.is_empty() {
         bail!(
@@ -192,7 +187,7 @@ const FLOOR_PARTS: [&str; 7] = [
     "part_tracked",
     "part_tid_array",
     "part_ktime",
-    "part_task_storage",
+    "part_tid_hash",
     "part_hash",
     "part_array",
 ];
@@ -275,9 +270,6 @@ fn load(offsets: &KernelOffsets, query_probes: bool, hist: HistMapSizes) -> Resu
         .unwrap_or(pgio_common::PID_MAX_LIMIT)
         .min(pgio_common::PID_MAX_LIMIT);
     EbpfLoader::new()
-        // QUERY is a task storage map: aya 0.14 creates it but has no userspace type for it
-        // (userspace never reads it).
-        .allow_unsupported_maps()
         .override_global(kernel_offsets::GLOBAL, offsets, true)
         .override_global(query::ENABLED_GLOBAL, &u8::from(query_probes), true)
         .override_global(syscall::ROWS_GLOBAL, &u8::from(hist.syscall_rows), true)

@@ -20,7 +20,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, kernel_offsets::offsets, syscall, tracked};
+use crate::{drops, kernel_offsets::offsets, query, syscall, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -107,6 +107,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     // Every thread, tracked or not: its process may have been untracked mid-call.
     syscall::thread_exit(tid);
+    query::thread_exit(tid);
     if tid != tgid {
         return 0;
     }

@@ -15,7 +15,6 @@ mod key_quota;
 mod lifecycle;
 mod query;
 mod syscall;
-mod task_storage;
 mod tracked;
 
 #[cfg(not(test))]

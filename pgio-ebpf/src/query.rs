@@ -3,9 +3,10 @@
 //! add their time to the open one (`add_io`). Nothing per query leaves the kernel but two
 //! histogram increments.
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_map, map, uprobe, uretprobe},
-    maps::PerCpuHashMap,
+    macros::{map, uprobe, uretprobe},
+    maps::{HashMap, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
 use pgio_common::{
@@ -15,16 +16,28 @@ use pgio_common::{
     query::{QueryKey, QueryMetric, QueryState},
 };
 
-use crate::{hist, task_storage::TaskStorage, tracked};
+use crate::{hist, tracked};
 
 /// `query_probes` from the config, written by userspace at load. The verifier sees the
 /// constant: with it off, `add_io` is pruned from every syscall exit.
 #[unsafe(no_mangle)]
 static QUERY_PROBES: u8 = 0;
 
-/// The running query of each backend thread.
-#[btf_map]
-static QUERY: TaskStorage<QueryState> = TaskStorage::new();
+/// The running query of each backend thread, by thread id: an entry lives from a query's
+/// start to its end (or the thread's exit), so the map holds only queries running now. A hash,
+/// not task storage, so that the object loads on 5.10 (task storage for tracing is 5.11+);
+/// preallocated, as a tracing program's hash must be.
+#[map]
+static QUERY: HashMap<u32, QueryState> = HashMap::with_max_entries(QUERY_MAX, 0);
+
+/// Queries running at once on a node: far above any `max_connections` pgio has met. A query
+/// that finds the map full is not timed (no entry, so nothing booked).
+const QUERY_MAX: u32 = 16_384;
+
+#[inline(always)]
+fn current_tid() -> u32 {
+    bpf_get_current_pid_tgid() as u32
+}
 
 #[map]
 static QUERY_HIST: PerCpuHashMap<QueryKey, Bucket> = PerCpuHashMap::with_max_entries(16_384, 0);
@@ -43,7 +56,8 @@ fn book(series: SeriesId, metric: QueryMetric, ns: u64, misses: u64) {
 /// `pgstat_report_activity(BackendState state, const char *cmd_str)` entry.
 #[uprobe]
 pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -52,37 +66,20 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
     // the idle ones with NULL.
     let cmd_str: u64 = ctx.arg(1).unwrap_or(0);
     if cmd_str != 0 {
-        let Some(q) = QUERY.current_or_zeroed() else {
-            return 0;
+        // Extended protocol: Parse, Bind and Execute each report running; the query began at
+        // the first, so an existing entry stays as it is.
+        let start = QueryState {
+            start_ns: unsafe { bpf_ktime_get_ns() },
+            ..QueryState::default()
         };
-        // SAFETY: this thread's own storage, written only by this thread's programs.
-        unsafe {
-            // Extended protocol: Parse, Bind and Execute each report running; the query began
-            // at the first.
-            if (*q).start_ns == 0 {
-                *q = QueryState {
-                    start_ns: bpf_ktime_get_ns(),
-                    io_ns: 0,
-                    misses: 0,
-                    miss_ns: 0,
-                    wait_start_ns: 0,
-                };
-            }
-        }
+        let _ = QUERY.insert(&tid, &start, BPF_NOEXIST as u64);
         return 0;
     }
-    let Some(q) = QUERY.current() else {
+    // SAFETY: a map value; only this thread's programs touch its key.
+    let Some(s) = (unsafe { QUERY.get(&tid) }).copied() else {
         return 0;
     };
-    // SAFETY: as above.
-    let s = unsafe { *q };
-    if s.start_ns == 0 {
-        return 0;
-    }
-    unsafe {
-        (*q).start_ns = 0;
-        (*q).wait_start_ns = 0;
-    }
+    let _ = QUERY.remove(&tid);
     let d = unsafe { bpf_ktime_get_ns() }.wrapping_sub(s.start_ns);
     book(series, QueryMetric::Duration, d, s.misses);
     // IO time is within the query's; the min guards a clock oddity, never a real case.
@@ -95,17 +92,17 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
 /// AIO wait the wait's whole time is counted instead (with `io_method = io_uring` the wait is
 /// an `io_uring_enter`: counting both would count it twice).
 #[inline(always)]
-pub fn add_io(ns: u64, miss: bool) {
+pub fn add_io(tid: u32, ns: u64, miss: bool) {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
     if unsafe { core::ptr::read_volatile(&QUERY_PROBES) } == 0 {
         return;
     }
-    let Some(q) = QUERY.current() else {
+    let Some(q) = QUERY.get_ptr_mut(&tid) else {
         return;
     };
-    // SAFETY: this thread's own storage.
+    // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
-        if (*q).start_ns != 0 && (*q).wait_start_ns == 0 {
+        if (*q).wait_start_ns == 0 {
             (*q).io_ns += ns;
             if miss {
                 (*q).misses += 1;
@@ -119,12 +116,12 @@ pub fn add_io(ns: u64, miss: bool) {
 /// `io_method = worker` an io worker performs (no IO syscall of the backend's own).
 #[uprobe]
 pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
-    let Some(q) = QUERY.current() else {
+    let Some(q) = QUERY.get_ptr_mut(&current_tid()) else {
         return 0;
     };
-    // SAFETY: this thread's own storage.
+    // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
-        if (*q).start_ns != 0 && (*q).wait_start_ns == 0 {
+        if (*q).wait_start_ns == 0 {
             (*q).wait_start_ns = bpf_ktime_get_ns();
         }
     }
@@ -134,10 +131,10 @@ pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
 /// Its return: the wait is IO time of the running query.
 #[uretprobe]
 pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
-    let Some(q) = QUERY.current() else {
+    let Some(q) = QUERY.get_ptr_mut(&current_tid()) else {
         return 0;
     };
-    // SAFETY: this thread's own storage.
+    // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
         let start = (*q).wait_start_ns;
         if start != 0 {
@@ -146,4 +143,11 @@ pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
         }
     }
     0
+}
+
+/// Called by `sched_process_exit` for every exiting thread: a backend that exits mid-query
+/// (killed, or its client gone) leaves no entry behind.
+#[inline(always)]
+pub fn thread_exit(tid: u32) {
+    let _ = QUERY.remove(&tid);
 }

@@ -155,7 +155,7 @@ fn exit(sc: Syscall) -> u32 {
         hist::add(&SYSCALL_HIST, HistMap::Syscall, s.series, &key, d, 0);
     }
     if !sc.is_wait() {
-        query::add_io(d, cache == Cache::Miss);
+        query::add_io(unsafe { (*c).tid }, d, cache == Cache::Miss);
     }
     0
 }
