@@ -1,5 +1,8 @@
 //! Block layer: per request, queue time (submission → issue), device time (issue → complete)
 //! and the whole time (submission → complete), keyed by submitter series, device and op.
+//! A bio-based disk (device-mapper `dm-N`, md, zram) has no requests: each bio submitted to it
+//! is one "request" whose device time and whole time are both submission → completion (it
+//! has no queue of its own; the disks below it have theirs).
 
 use crate::SeriesId;
 
@@ -110,7 +113,8 @@ pub struct BlockIoKey {
     pub _pad: u8,
 }
 
-/// Value of the `BLOCK_IO_INFLIGHT` map, keyed by the `struct request *`.
+/// Value of the `BLOCK_IO_INFLIGHT` map, keyed by the `struct request *` (or, for a
+/// bio-based disk, the `struct bio *`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BlockIoInflight {
@@ -126,7 +130,9 @@ pub struct BlockIoInflight {
     pub issue_ns: u64,
     /// [`BlockOp`] as `u8`, read at issue.
     pub op: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
+    /// A bio's bytes, read at submission (a request's come with its completion).
+    pub bio_bytes: u32,
 }
 
 impl BlockIoInflight {

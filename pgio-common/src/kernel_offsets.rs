@@ -30,5 +30,21 @@ pub struct KernelOffsets {
     /// Which argument of `block_rq_insert`/`_issue`/`_requeue` is the `struct request *`: 1
     /// before Linux 5.11 (`(struct request_queue *q, struct request *rq)`), else 0.
     pub block_rq_arg: u32,
-    pub _pad: u32,
+    /// `struct bio.bi_bdev` (Linux >= 5.12); 0 when the bio names its disk (`bio_disk`).
+    pub bio_bdev: u32,
+    /// `struct bio.bi_disk` before 5.12; 0 when `bio_bdev` is used.
+    pub bio_disk: u32,
+    /// `struct block_device.bd_disk`
+    pub bdev_disk: u32,
+    /// `struct gendisk.queue`
+    pub gendisk_queue: u32,
+    /// `struct request_queue.mq_ops`: NULL for a bio-based disk (dm, md, zram).
+    pub queue_mq_ops: u32,
+    /// `struct bio.bi_opf`
+    pub bio_opf: u32,
+    /// `struct bio.bi_iter.bi_size`: the bio's bytes, read at submission.
+    pub bio_size: u32,
+    /// Which argument of `block_bio_queue` is the `struct bio *`: 1 before Linux 5.11
+    /// (`(struct request_queue *q, struct bio *bio)`), else 0.
+    pub block_bio_arg: u32,
 }

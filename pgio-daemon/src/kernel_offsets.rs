@@ -20,30 +20,48 @@ pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
             (0, off)
         }
     };
+    // A bio's disk: `bio->bi_bdev->bd_disk` since 5.12, `bio->bi_disk` before.
+    let (bio_bdev, bio_disk) = match btf.offset_of("bio", "bi_bdev") {
+        Ok(off) => (off, 0),
+        Err(bdev_err) => {
+            let off = btf.offset_of("bio", "bi_disk").map_err(|e| {
+                anyhow::anyhow!("no way from a bio to its disk: {bdev_err:#}; {e:#}")
+            })?;
+            (0, off)
+        }
+    };
     Ok(KernelOffsets {
         request_cmd_flags: btf.offset_of("request", "cmd_flags")?,
         request_q: btf.offset_of("request", "q")?,
         queue_disk,
         request_disk,
-        block_rq_arg: block_rq_arg(btf)?,
+        block_rq_arg: first_arg_is_queue(btf, "block_rq_insert")?,
         gendisk_major: btf.offset_of("gendisk", "major")?,
         gendisk_first_minor: btf.offset_of("gendisk", "first_minor")?,
         task_pid: btf.offset_of("task_struct", "pid")?,
         task_tgid: btf.offset_of("task_struct", "tgid")?,
         task_mm: btf.offset_of("task_struct", "mm")?,
         mm_arg_start: btf.offset_of("mm_struct", "arg_start")?,
-        _pad: 0,
+        bio_bdev,
+        bio_disk,
+        bdev_disk: btf.offset_of("block_device", "bd_disk")?,
+        gendisk_queue: btf.offset_of("gendisk", "queue")?,
+        queue_mq_ops: btf.offset_of("request_queue", "mq_ops")?,
+        bio_opf: btf.offset_of("bio", "bi_opf")?,
+        bio_size: btf.offset_of("bio", "bi_iter")? + btf.offset_of("bvec_iter", "bi_size")?,
+        block_bio_arg: first_arg_is_queue(btf, "block_bio_queue")?,
     })
 }
 
-/// The index of `struct request *` among `block_rq_insert`'s arguments (issue and requeue
-/// changed with it): Linux 5.11 dropped their leading `struct request_queue *`. A kernel
-/// without the hook gets 0 (the program will not attach anyway).
-fn block_rq_arg(btf: &KernelBtf) -> Result<u32> {
-    Ok(match btf.btf_tracepoint_args("block_rq_insert")? {
+/// The index of the `struct request *` (or `struct bio *`) among a block tracepoint's
+/// arguments: Linux 5.11 dropped the leading `struct request_queue *` of `block_rq_insert`
+/// (issue and requeue changed with it) and of `block_bio_queue`. A kernel without the hook
+/// gets 0 (the program will not attach anyway).
+fn first_arg_is_queue(btf: &KernelBtf, tracepoint: &str) -> Result<u32> {
+    Ok(match btf.btf_tracepoint_args(tracepoint)? {
         Some(2) => 1,
         Some(1) | None => 0,
-        Some(n) => anyhow::bail!("block_rq_insert has {n} arguments: expected 1 or 2"),
+        Some(n) => anyhow::bail!("{tracepoint} has {n} arguments: expected 1 or 2"),
     })
 }
 
@@ -68,5 +86,7 @@ mod tests {
         // This kernel (6.x): the disk through the queue, the request first.
         assert!(o.queue_disk > 0 && o.request_disk == 0, "{o:?}");
         assert_eq!(o.block_rq_arg, 0, "{o:?}");
+        assert_eq!(o.block_bio_arg, 0, "{o:?}");
+        assert!(o.bio_bdev > 0 && o.bio_disk == 0, "{o:?}");
     }
 }

@@ -123,6 +123,9 @@ pub fn table() -> Vec<Probe> {
         probe("block_rq_issue", BtfTracePoint, false, BlockIo),
         probe("block_rq_requeue", BtfTracePoint, false, BlockIo),
         probe("block_rq_complete", BtfTracePoint, false, BlockIo),
+        // Bio-based disks (dm-N, md, zram): without them only the disks below are seen.
+        probe("block_bio_queue", BtfTracePoint, true, BlockIo),
+        probe("block_bio_complete", BtfTracePoint, true, BlockIo),
         probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
         probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
         probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),

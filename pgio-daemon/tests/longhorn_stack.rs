@@ -268,7 +268,15 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
     let (m1, d1, b1) = quiet_snapshot(&daemon, &setup.vol, &lo, &backing);
     let top_json = top_json.wait_with_output().expect("top --json");
     let top_text = top_text.wait_with_output().expect("top");
-    assert!(top_json.status.success() && top_text.status.success());
+    for (what, out) in [("top --json", &top_json), ("top", &top_text)] {
+        assert!(
+            out.status.success(),
+            "{what}: {}\nstderr: {}\nstdout: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
     let j: pgio_testkit::serde_json::Value =
         pgio_testkit::serde_json::from_slice(&top_json.stdout).expect("top's JSON");
     let top_layers = j["layers"]

@@ -3,6 +3,8 @@
 //! `struct request *`. Completion runs in softirq/IRQ context, so it never looks at "current".
 //! A request is never dropped in silence: one whose completion pgio never sees (the kernel
 //! skips its program for ~1 in 1,000-10,000 completions, see README) is counted `Lost`.
+//! Bio-based disks (`dm-N`, md, zram) get no request events: their bios are joined instead,
+//! `block_bio_queue` (submitter's context) → `block_bio_complete`, on the same map.
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
@@ -217,6 +219,91 @@ pub fn block_rq_requeue(ctx: BtfTracePointContext) -> i32 {
     if let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
         unsafe { (*e).issue_ns = 0 };
     }
+    0
+}
+
+/// `bio->bi_bdev->bd_disk` (before 5.12 `bio->bi_disk`) if that disk is bio-based (its queue
+/// has no `mq_ops`): its device, op and bytes. `None` for a request-based disk's bio, which
+/// its request counts.
+#[inline(always)]
+fn bio_based_device(bio: u64) -> Option<(u32, BlockOp, u32)> {
+    let off = offsets();
+    unsafe {
+        let disk: u64 = if off.bio_bdev != 0 {
+            let bdev: u64 = read(bio + off.bio_bdev as u64)?;
+            if bdev == 0 {
+                return None;
+            }
+            read(bdev + off.bdev_disk as u64)?
+        } else {
+            read(bio + off.bio_disk as u64)?
+        };
+        if disk == 0 {
+            return None;
+        }
+        let q: u64 = read(disk + off.gendisk_queue as u64)?;
+        let mq_ops: u64 = read(q + off.queue_mq_ops as u64)?;
+        if mq_ops != 0 {
+            return None;
+        }
+        let major: i32 = read(disk + off.gendisk_major as u64)?;
+        let minor: i32 = read(disk + off.gendisk_first_minor as u64)?;
+        let opf: u32 = read(bio + off.bio_opf as u64)?;
+        let bytes: u32 = read(bio + off.bio_size as u64)?;
+        Some((
+            mkdev(major as u32, minor as u32),
+            BlockOp::from_cmd_flags(opf),
+            bytes,
+        ))
+    }
+}
+
+/// A bio submitted to a disk, in the submitter's context; the kernel traces each bio's
+/// submission once, and then its completion. Before 5.11 the first argument was the queue.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue(ctx: BtfTracePointContext) -> i32 {
+    let bio: u64 = if offsets().block_bio_arg == 1 {
+        ctx.arg(1)
+    } else {
+        ctx.arg(0)
+    };
+    let Some((dev, op, bytes)) = bio_based_device(bio) else {
+        return 0;
+    };
+    let series = current_series();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(e) = start(bio, series, now) else {
+        return 0;
+    };
+    // SAFETY: map value pointer; only this bio's own events touch it.
+    unsafe {
+        (*e).issue_ns = now;
+        (*e).dev = dev;
+        (*e).op = op as u8;
+        (*e).bio_bytes = bytes;
+    }
+    // A read that reaches a bio-based disk missed the page cache, whatever its disks below do
+    // (dm-delay, for one, submits to them from a kernel worker).
+    if series.is_tracked() {
+        syscall::mark_block_io();
+    }
+    0
+}
+
+/// `block_bio_complete(struct request_queue *q, struct bio *bio)`: fires for every traced bio,
+/// a request-based disk's too; only the bios `block_bio_queue` kept have an entry.
+#[btf_tracepoint(function = "block_bio_complete")]
+pub fn block_bio_complete(ctx: BtfTracePointContext) -> i32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let bio: u64 = ctx.arg(1);
+    let Some(e) = BLOCK_IO_INFLIGHT.get_ptr(&bio) else {
+        return 0;
+    };
+    let e = unsafe { *e };
+    if BLOCK_IO_INFLIGHT.remove(&bio) == Err(-ENOENT) {
+        return 0;
+    }
+    complete(bio, e, now, e.bio_bytes);
     0
 }
 

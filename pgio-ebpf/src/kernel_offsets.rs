@@ -1,6 +1,6 @@
 //! Struct field offsets from the running kernel's BTF, written into a global by userspace at
-//! load (Rust eBPF has no CO-RE field relocations yet). Used by `block_io` (request, queue,
-//! disk) and `lifecycle` (task, mm).
+//! load (Rust eBPF has no CO-RE field relocations yet). Used by `block_io` (request, bio,
+//! queue, disk) and `lifecycle` (task, mm).
 use pgio_common::kernel_offsets::KernelOffsets;
 
 /// Set by userspace at load (`EbpfLoader::override_global`).
@@ -17,7 +17,14 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     mm_arg_start: 0,
     request_disk: 0,
     block_rq_arg: 0,
-    _pad: 0,
+    bio_bdev: 0,
+    bio_disk: 0,
+    bdev_disk: 0,
+    gendisk_queue: 0,
+    queue_mq_ops: 0,
+    bio_opf: 0,
+    bio_size: 0,
+    block_bio_arg: 0,
 };
 
 #[inline(always)]

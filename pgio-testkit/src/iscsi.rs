@@ -19,7 +19,7 @@ const IQN: &str = "iqn.2026-11.io.pgio:test";
 /// Why an iSCSI disk cannot be made on this machine, or None when it can.
 pub fn unavailable() -> Option<String> {
     for tool in ["tgtd", "tgtadm", "iscsid", "iscsiadm"] {
-        if !on_path(tool) {
+        if !cmd::on_path(tool) {
             return Some(format!("{tool} not installed (Debian: tgt, open-iscsi)"));
         }
     }
@@ -208,9 +208,4 @@ fn iet_disks() -> Vec<String> {
                 .is_ok_and(|v| v.trim() == "IET")
         })
         .collect()
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }

@@ -8,6 +8,7 @@
 mod cmd;
 pub mod daemon;
 pub mod daemonset;
+pub mod devmapper;
 pub mod diskstats;
 pub mod ext4;
 pub mod fake;

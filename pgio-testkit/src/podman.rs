@@ -36,12 +36,9 @@ pub fn podman() -> Command {
 
 /// True if `podman` and `runc` are on PATH.
 pub fn available() -> bool {
-    ["podman", "runc"].iter().all(|tool| on_path(tool))
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+    ["podman", "runc"]
+        .iter()
+        .all(|tool| crate::cmd::on_path(tool))
 }
 
 /// What [`build_image`] made.

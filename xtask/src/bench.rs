@@ -1000,7 +1000,9 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
             "part_pid_tgid" => "`bpf_get_current_pid_tgid`",
             "part_tracked" => "`bpf_get_current_pid_tgid` + `TRACKED` lookup (the untracked path)",
             "part_ktime" => "`bpf_ktime_get_ns` (twice per timed syscall)",
-            "part_tid_hash" => "a per-thread value in a preallocated hash by tid (`QUERY`, `SYSCALL_SPILLED`)",
+            "part_tid_hash" => {
+                "a per-thread value in a preallocated hash by tid (`QUERY`, `SYSCALL_SPILLED`)"
+            }
             "part_tid_array" => "a per-thread value in a tid-indexed array instead",
             "part_hash" => "per-CPU hash lookup + add (`SYSCALL_HIST`, a known key)",
             "part_array" => "per-CPU array lookup + add (`SYSCALL_ROWS_MAP`)",

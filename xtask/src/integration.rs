@@ -72,6 +72,8 @@ pub const HOST_PACKAGES: &[&str] = &[
     // started here).
     "tgt",
     "open-iscsi",
+    // The device_mapper test's dm-delay device.
+    "dmsetup",
 ];
 
 /// Modules the initramfs loads to reach the root filesystem (with their dependencies).
@@ -89,6 +91,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "pg_churn",
     "longhorn_stack",
     "iscsi",
+    "device_mapper",
 ];
 
 const INIT_SH: &str = include_str!("integration/init.sh");
@@ -660,7 +663,7 @@ impl Drop for Qemu {
     }
 }
 
-/// Deletes the scratch disk image when dropped.
+/// Deletes a disk image when dropped.
 struct Scratch(PathBuf);
 
 impl Drop for Scratch {
@@ -695,6 +698,10 @@ fn run_kernel(
         .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
         .arg(&scratch.0)
         .stdout(Stdio::null()))?;
+    // A second, blank disk (`/dev/vdb`) nothing else uses: the disk below the device_mapper
+    // test's dm-delay device, as a virtio disk is below a dm device on a real node.
+    let spare = Scratch(run_dir.join("spare.img"));
+    fs::File::create(&spare.0)?.set_len(1 << 30)?;
 
     let tests: Vec<String> = host
         .tests
@@ -716,6 +723,7 @@ fn run_kernel(
             host.longhorn_dir.display().to_string(),
         ),
         ("PGIO_PG_DIST", host.pg_dist.display().to_string()),
+        ("PGIO_TEST_SPARE_DISK", "/dev/vdb".to_owned()),
         ("TEST_TIMEOUT", opts.test_timeout.as_secs().to_string()),
         (
             "RUN_IF_CHECK_FAILS",
@@ -755,6 +763,11 @@ fn run_kernel(
             "file={},if=virtio,format=raw,cache=none,aio=threads",
             scratch.0.display()
         ))
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=virtio,format=raw,cache=none,aio=threads",
+            spare.0.display()
+        ))
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
         .stdin(Stdio::null());
@@ -776,6 +789,7 @@ fn run_kernel(
     };
     drop(child);
     drop(scratch);
+    drop(spare);
     let wall = started.elapsed();
     let mut report = collect(kernel, &tree, &results, &console, wall)?;
     match status {
