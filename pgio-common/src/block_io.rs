@@ -131,8 +131,10 @@ pub struct BlockIoInflight {
     /// [`BlockOp`] as `u8`, read at issue.
     pub op: u8,
     pub _pad: [u8; 3],
-    /// A bio's bytes, read at submission (a request's come with its completion).
-    pub bio_bytes: u32,
+    /// A bio's bytes, read at submission. A request's come with its completion; here are
+    /// those of its partial completions so far (a driver that completes part of a request,
+    /// then requeues the rest: loop on a short read, SCSI).
+    pub bytes: u32,
 }
 
 impl BlockIoInflight {

@@ -8,6 +8,9 @@
 pub struct KernelOffsets {
     /// `struct request.cmd_flags`
     pub request_cmd_flags: u32,
+    /// `struct request.__data_len`: the bytes a request has left, before a completion's
+    /// (`block_rq_complete` fires before the kernel subtracts them).
+    pub request_data_len: u32,
     /// `struct request.q`
     pub request_q: u32,
     /// `struct request_queue.disk` (Linux >= 5.15; 0 when `request_disk` is used)
@@ -45,6 +48,7 @@ pub struct KernelOffsets {
     /// `struct bio.bi_iter.bi_size`: the bio's bytes, read at submission.
     pub bio_size: u32,
     /// Which argument of `block_bio_queue` is the `struct bio *`: 1 before Linux 5.11
-    /// (`(struct request_queue *q, struct bio *bio)`), else 0.
+    /// (`(struct request_queue *q, struct bio *bio)`), else 0. Read by the loader, which
+    /// attaches the program written for it.
     pub block_bio_arg: u32,
 }

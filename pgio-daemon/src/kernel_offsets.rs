@@ -32,6 +32,7 @@ pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
     };
     Ok(KernelOffsets {
         request_cmd_flags: btf.offset_of("request", "cmd_flags")?,
+        request_data_len: btf.offset_of("request", "__data_len")?,
         request_q: btf.offset_of("request", "q")?,
         queue_disk,
         request_disk,

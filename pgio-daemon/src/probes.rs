@@ -307,7 +307,7 @@ pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes>
                  runs, is not attached"
             ))
         } else {
-            attach_one(&mut ebpf, &aya_btf, &probe)
+            attach_one(&mut ebpf, &aya_btf, &probe, &offsets)
         };
         let program = probe.program.into_owned();
         match &result {
@@ -322,11 +322,22 @@ pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes>
     Ok(Probes { ebpf, status })
 }
 
-fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe) -> Result<()> {
+/// The object's program for a row of the table: `block_bio_queue` has a twin for kernels
+/// whose hook still takes the queue first (< 5.11).
+fn object_program<'a>(name: &'a str, offsets: &KernelOffsets) -> &'a str {
+    if name == "block_bio_queue" && offsets.block_bio_arg == 1 {
+        "block_bio_queue_before_5_11"
+    } else {
+        name
+    }
+}
+
+fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe, offsets: &KernelOffsets) -> Result<()> {
     let name = &*probe.program;
+    let object_name = object_program(name, offsets);
     let prog = ebpf
-        .program_mut(name)
-        .with_context(|| format!("program {name} missing from the eBPF object"))?;
+        .program_mut(object_name)
+        .with_context(|| format!("program {object_name} missing from the eBPF object"))?;
     match probe.attach {
         Attach::BtfTracePoint => {
             let p: &mut BtfTracePoint = prog.try_into()?;

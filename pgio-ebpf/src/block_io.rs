@@ -259,14 +259,22 @@ fn bio_based_device(bio: u64) -> Option<(u32, BlockOp, u32)> {
 }
 
 /// A bio submitted to a disk, in the submitter's context; the kernel traces each bio's
-/// submission once, and then its completion. Before 5.11 the first argument was the queue.
+/// submission once, and then its completion.
 #[btf_tracepoint(function = "block_bio_queue")]
 pub fn block_bio_queue(ctx: BtfTracePointContext) -> i32 {
-    let bio: u64 = if offsets().block_bio_arg == 1 {
-        ctx.arg(1)
-    } else {
-        ctx.arg(0)
-    };
+    bio_queued(ctx.arg(0))
+}
+
+/// The same hook before Linux 5.11, `(struct request_queue *q, struct bio *bio)`; userspace
+/// attaches one of the two. (One program choosing the argument by a global compiles to an
+/// offset context pointer, which 5.10's verifier rejects.)
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_before_5_11(ctx: BtfTracePointContext) -> i32 {
+    bio_queued(ctx.arg(1))
+}
+
+#[inline(always)]
+fn bio_queued(bio: u64) -> i32 {
     let Some((dev, op, bytes)) = bio_based_device(bio) else {
         return 0;
     };
@@ -280,7 +288,7 @@ pub fn block_bio_queue(ctx: BtfTracePointContext) -> i32 {
         (*e).issue_ns = now;
         (*e).dev = dev;
         (*e).op = op as u8;
-        (*e).bio_bytes = bytes;
+        (*e).bytes = bytes;
     }
     // A read that reaches a bio-based disk missed the page cache, whatever its disks below do
     // (dm-delay, for one, submits to them from a kernel worker).
@@ -303,7 +311,7 @@ pub fn block_bio_complete(ctx: BtfTracePointContext) -> i32 {
     if BLOCK_IO_INFLIGHT.remove(&bio) == Err(-ENOENT) {
         return 0;
     }
-    complete(bio, e, now, e.bio_bytes);
+    complete(bio, e, now, e.bytes);
     0
 }
 
@@ -392,11 +400,20 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u32 = ctx.arg(2);
-    let Some(e) = BLOCK_IO_INFLIGHT.get_ptr(&rq) else {
+    let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) else {
         unmatched(rq, nr_bytes);
         return 0;
     };
+    // A partial completion: the request goes on (is requeued, or completed in more parts),
+    // and /proc/diskstats counts it once, at its end.
+    let left: u32 = unsafe { read(rq + offsets().request_data_len as u64) }.unwrap_or(0);
+    if nr_bytes < left {
+        // SAFETY: map value pointer; only this request's own events touch it.
+        unsafe { (*e).bytes = (*e).bytes.wrapping_add(nr_bytes) };
+        return 0;
+    }
     let e = unsafe { *e };
+    let nr_bytes = nr_bytes.wrapping_add(e.bytes);
     // Whoever deletes the entry counts the request: gone (ENOENT) means userspace's sweep just
     // counted it lost. Any other failure still counts it here.
     if BLOCK_IO_INFLIGHT.remove(&rq) == Err(-ENOENT) {

@@ -7,6 +7,7 @@ use pgio_common::kernel_offsets::KernelOffsets;
 #[unsafe(no_mangle)]
 static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     request_cmd_flags: 0,
+    request_data_len: 0,
     request_q: 0,
     queue_disk: 0,
     gendisk_major: 0,
