@@ -50,6 +50,9 @@ struct Layers {
     pg_pread_miss_ms: Option<f64>,
     volume_reads_diskstats: f64,
     volume_reads_pgio: f64,
+    /// Where the volume device's reads went (app/role), its lost and unmatched completions: for
+    /// a count that disagrees with diskstats.
+    volume_reads_detail: String,
     volume_reads_labelled: f64,
     volume_ms: Option<f64>,
     /// Exact mean (`_sum / _count`) of the volume device's read latency.
@@ -62,6 +65,8 @@ struct Layers {
     backing_reads_diskstats: f64,
     backing_reads_replica: f64,
     backing_ms: Option<f64>,
+    /// With the iSCSI frontend: tgtd's pread64 of the FUSE file and its futex waits.
+    tgtd: Option<(f64, f64)>,
     excerpt: String,
 }
 
@@ -132,6 +137,15 @@ fn longhorn_volume_stack_view() {
 
 fn check(l: &Layers, case: &str) {
     assert!(l.pg_preads > 1000.0, "{case}: {l:?}");
+    // tgtd serves every read of sdX from the FUSE file, and waits on futexes between them.
+    if let Some((preads, futex_waits)) = l.tgtd {
+        assert!(
+            preads >= 0.95 * l.volume_reads_diskstats,
+            "{case}: tgtd pread64 {preads} < 95 % of the volume device's {} reads",
+            l.volume_reads_diskstats
+        );
+        assert!(futex_waits > 0.0, "{case}: no tgtd futex waits");
+    }
     let names: Vec<&str> = l.top_layers.iter().map(|t| t.0.as_str()).collect();
     assert_eq!(
         names,
@@ -154,9 +168,10 @@ fn check(l: &Layers, case: &str) {
     assert!(
         (l.volume_reads_pgio - l.volume_reads_diskstats).abs() <= 0.01 * l.volume_reads_diskstats
             && l.volume_reads_diskstats > 500.0,
-        "{case}: volume device reads pgio {} vs diskstats {}",
+        "{case}: volume device reads pgio {} vs diskstats {}: {}",
         l.volume_reads_pgio,
-        l.volume_reads_diskstats
+        l.volume_reads_diskstats,
+        l.volume_reads_detail
     );
     assert_eq!(
         l.volume_reads_labelled, l.volume_reads_pgio,
@@ -191,13 +206,19 @@ fn print(case: &str, l: &Layers) {
         "longhorn_stack, {case}: pgbench -S -R {RATE} {RUN_SECS} s, {:.0} tps\n\
          \x20 layer                                   median      count\n\
          \x20 postgres pread64 (cache=miss)          {:>10}  {:>8}\n\
-         \x20 volume device (loop over FUSE) reads   {:>10}  {:>8} (diskstats {}; mean {}; ≤ 2.1 ms {:.4})\n\
+         \x20 volume device ({}) reads   {:>10}  {:>8} (diskstats {}; mean {}; ≤ 2.1 ms {:.4})\n\
          \x20 engine futex waits                     {:>10}\n\
          \x20 replica pread64                        {:>10}  {:>8}\n\
-         \x20 backing device reads (role replica)    {:>10}  {:>8} (diskstats {})",
+         \x20 backing device reads (role replica)    {:>10}  {:>8} (diskstats {}){}\n\
+         \x20 volume device reads: {}",
         l.tps,
         f(l.pg_pread_miss_ms),
         l.pg_preads,
+        if l.tgtd.is_some() {
+            "sdX: tgtd over FUSE"
+        } else {
+            "loop over FUSE"
+        },
         f(l.volume_ms),
         l.volume_reads_pgio,
         l.volume_reads_diskstats,
@@ -209,6 +230,11 @@ fn print(case: &str, l: &Layers) {
         f(l.backing_ms),
         l.backing_reads_replica,
         l.backing_reads_diskstats,
+        l.tgtd.map_or(String::new(), |(preads, futex)| format!(
+            "\n  tgtd: pread64 {preads}, futex waits {futex} (role tgtd, no volume label: one \
+             tgtd serves all of a node's volumes)"
+        )),
+        l.volume_reads_detail,
     );
 }
 
@@ -337,7 +363,17 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
     );
 
     let excerpt = excerpt(&m1, &volume, &lo);
+    let tgtd = |syscall: &str| {
+        d(
+            "pgio_syscall_seconds_count",
+            &[("app", "longhorn"), ("role", "tgtd"), ("syscall", syscall)],
+        )
+    };
     let layers = Layers {
+        tgtd: setup
+            .vol
+            .tgtd_pid()
+            .map(|_| (tgtd("pread64"), tgtd("futex"))),
         top_layers,
         top_text: String::from_utf8_lossy(&top_text.stdout).into_owned(),
         tps,
@@ -348,6 +384,22 @@ fn run(latency: Option<Duration>, port: u16) -> Layers {
         )),
         volume_reads_diskstats: (d1.reads_completed - d0.reads_completed) as f64,
         volume_reads_pgio: d("pgio_block_io_requests_total", &volume_read),
+        volume_reads_detail: format!(
+            "by app/role {:?}, lost {}, unmatched {}; {}",
+            common::delta_by(
+                &m0,
+                &m1,
+                "pgio_block_io_requests_total",
+                &volume_read,
+                &["app", "role"]
+            ),
+            d("pgio_block_io_lost_completions_total", &volume_read),
+            d(
+                "pgio_block_io_unmatched_completions_total",
+                &[("device", lo.as_str())]
+            ),
+            common::losses(&m0, &m1)
+        ),
         volume_reads_labelled: d(
             "pgio_block_io_requests_total",
             &[volume_read[0], volume_read[1], vol_l],

@@ -44,6 +44,7 @@ pub fn unavailable() -> Option<String> {
 }
 
 /// A logged-in iSCSI disk backed by `file`.
+#[derive(Debug)]
 pub struct IscsiDisk {
     tgtd: Option<Child>,
     iscsid: Option<Child>,
@@ -153,6 +154,15 @@ impl IscsiDisk {
     /// `sdX`, the name in /proc/diskstats.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// (major, minor) of `/dev/sdX`.
+    pub fn major_minor(&self) -> Result<(u32, u32)> {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = std::fs::metadata(&self.device)
+            .with_context(|| format!("stat {}", self.device.display()))?
+            .rdev();
+        Ok((libc::major(rdev), libc::minor(rdev)))
     }
 
     /// The target daemon's pid.

@@ -57,6 +57,10 @@ pub struct LonghornOptions {
     pub replica_latency: Option<Duration>,
     /// Also start a `longhorn sync-agent` process.
     pub sync_agent: bool,
+    /// The volume device is a SCSI disk `/dev/sdX` that Debian's `tgtd` serves from the FUSE
+    /// file over iSCSI on loopback (Longhorn v1's `tgt-blockdev` frontend), not a loop device
+    /// on it. Needs what `iscsi::unavailable` checks.
+    pub iscsi: bool,
 }
 
 impl Default for LonghornOptions {
@@ -67,6 +71,7 @@ impl Default for LonghornOptions {
             replicas: 2,
             replica_latency: None,
             sync_agent: true,
+            iscsi: false,
         }
     }
 }
@@ -130,7 +135,7 @@ pub struct LonghornVolume {
     mountpoint: PathBuf,
     fuse_file: PathBuf,
     /// The volume as a block device; detached before the frontend stops.
-    device: Option<LoopDevice>,
+    device: Option<VolumeDevice>,
     dev_dir: PathBuf,
     // Dropped last, after Drop::drop emptied everything above.
     dir: TempDir,
@@ -280,23 +285,44 @@ impl LonghornVolume {
             opts.size_bytes
         );
 
-        v.attach_device()?;
+        v.attach_device(opts.iscsi)?;
         Ok(v)
     }
 
-    /// `/dev/loopN`: the volume as a block device (direct IO over the FUSE file).
+    /// `/dev/loopN` (direct IO over the FUSE file) or `/dev/sdX` (`iscsi`): the volume as a
+    /// block device.
     pub fn device(&self) -> &Path {
-        self.device.as_ref().map_or(Path::new(""), LoopDevice::path)
+        match &self.device {
+            Some(VolumeDevice::Loop(d)) => d.path(),
+            Some(VolumeDevice::Iscsi(d)) => d.device(),
+            None => Path::new(""),
+        }
     }
 
-    /// `loopN`, the volume device's name in /proc/diskstats and /sys/block.
+    /// `loopN` or `sdX`, the volume device's name in /proc/diskstats and /sys/block.
     pub fn device_name(&self) -> &str {
-        self.device.as_ref().map_or("", LoopDevice::name)
+        match &self.device {
+            Some(VolumeDevice::Loop(d)) => d.name(),
+            Some(VolumeDevice::Iscsi(d)) => d.name(),
+            None => "",
+        }
     }
 
     /// (major, minor) of the volume device (and of the node in `dev_dir`).
     pub fn device_major_minor(&self) -> (u32, u32) {
-        self.device.as_ref().map_or((0, 0), LoopDevice::major_minor)
+        match &self.device {
+            Some(VolumeDevice::Loop(d)) => d.major_minor(),
+            Some(VolumeDevice::Iscsi(d)) => d.major_minor().unwrap_or((0, 0)),
+            None => (0, 0),
+        }
+    }
+
+    /// The iSCSI target daemon serving the volume (`iscsi`).
+    pub fn tgtd_pid(&self) -> Option<u32> {
+        match &self.device {
+            Some(VolumeDevice::Iscsi(d)) => d.tgtd_pid(),
+            _ => None,
+        }
     }
 
     /// Stands in for `/dev/longhorn`: holds a block node named after the volume with the
@@ -441,11 +467,17 @@ impl LonghornVolume {
             .chain(&self.frontend)
     }
 
-    /// A direct-IO loop device on the FUSE file, then the `/dev/longhorn` node.
-    fn attach_device(&mut self) -> Result<()> {
-        let dev = LoopDevice::attach(&self.fuse_file, true)?;
-        let (ma, mi) = dev.major_minor();
+    /// A direct-IO loop device on the FUSE file (or the iSCSI disk tgtd serves from it), then
+    /// the `/dev/longhorn` node.
+    fn attach_device(&mut self, iscsi: bool) -> Result<()> {
+        let dev = if iscsi {
+            VolumeDevice::Iscsi(crate::iscsi::IscsiDisk::start(&self.fuse_file)?)
+        } else {
+            VolumeDevice::Loop(LoopDevice::attach(&self.fuse_file, true)?)
+        };
         self.device = Some(dev);
+        let (ma, mi) = self.device_major_minor();
+        ensure!(ma != 0, "no major:minor for {}", self.device().display());
         let node = self.dev_dir.join(&self.volume);
         let c_node = std::ffi::CString::new(node.as_os_str().as_bytes())?;
         // SAFETY: c_node is a valid NUL-terminated path.
@@ -492,6 +524,13 @@ impl LonghornVolume {
             }
         }
     }
+}
+
+/// The volume's block device, by frontend.
+#[derive(Debug)]
+enum VolumeDevice {
+    Loop(LoopDevice),
+    Iscsi(crate::iscsi::IscsiDisk),
 }
 
 impl Drop for LonghornVolume {

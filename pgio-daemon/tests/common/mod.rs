@@ -123,14 +123,29 @@ pub fn pg_on_longhorn(
 ) -> PgOnLonghorn {
     use pgio_testkit::{Ext4Mount, LonghornOptions, LonghornVolume, PgCluster, PgOptions};
     let bin = pgio_testkit::pg_bin_dir(15).expect("PostgreSQL 15");
+    // Longhorn v1's own frontend where the kernel has iSCSI (cargo xtask integration's
+    // guests): tgtd serves the volume as /dev/sdX. A loop device elsewhere (the CI host).
+    let iscsi = match pgio_testkit::iscsi::unavailable() {
+        None => true,
+        Some(why) => {
+            eprintln!("Longhorn stand-in: loop device frontend ({why})");
+            false
+        }
+    };
     let vol = LonghornVolume::start(LonghornOptions {
         size_bytes: 640 << 20,
         replicas: 2,
         replica_latency,
         sync_agent: true,
+        iscsi,
         ..LonghornOptions::default()
     })
     .expect("Longhorn stand-in");
+    eprintln!(
+        "Longhorn stand-in: volume device {} (tgtd {:?})",
+        vol.device().display(),
+        vol.tgtd_pid()
+    );
     let dir = pgio_testkit::temp_dir().expect("temp dir");
     let mut fs = Ext4Mount::on_device(vol.device(), &dir.path().join("mnt")).expect("ext4");
     let mut opts = PgOptions::new(&bin, fs.path().join("pgdata"), port)
