@@ -11,8 +11,8 @@ pub enum DropReason {
     LifecycleRingFull = 1,
     /// The in-flight request map was full: a request got no submitter.
     InflightFull = 2,
-    /// The thread's task storage for the syscall start could not be had (out of memory, or
-    /// another BPF program on this CPU held the task storage lock): a syscall was not timed.
+    /// A thread switched out mid-call found `SYSCALL_SPILLED` full (16,384 threads at once):
+    /// its syscall was not timed.
     SyscallStartUnavailable = 3,
     /// A request completed whose `block_rq_issue` pgio did not see: it is still counted, on
     /// its submitter's series, with its device time measured from `block_io_start` (so it
@@ -29,9 +29,11 @@ pub enum DropReason {
     /// An event needed a new histogram key and its series' owner had used up its share of the
     /// map (`key_quota`): the event was not counted.
     HistOverShare = 7,
+    /// `QUERY` was full (16,384 queries running at once on the node): a query was not timed.
+    QueryUnavailable = 8,
 }
 
-pub const DROP_REASONS: usize = 8;
+pub const DROP_REASONS: usize = 9;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -43,6 +45,7 @@ impl DropReason {
         DropReason::DeviceUnreadable,
         DropReason::TitleOverBudget,
         DropReason::HistOverShare,
+        DropReason::QueryUnavailable,
     ];
 
     pub const fn reason(self) -> &'static str {
@@ -55,6 +58,7 @@ impl DropReason {
             DropReason::DeviceUnreadable => "block_device_unreadable",
             DropReason::TitleOverBudget => "title_over_budget",
             DropReason::HistOverShare => "hist_over_share",
+            DropReason::QueryUnavailable => "query_unavailable",
         }
     }
 }

@@ -199,7 +199,7 @@ fn golden_readings() -> Readings {
             refused: 3,
             detached: 4,
         },
-        drops: [1, 0, 2, 0, 5, 0, 0, 0],
+        drops: [1, 0, 2, 0, 5, 0, 0, 0, 0],
         programs: vec![
             (
                 "block_rq_complete".into(),
@@ -219,7 +219,7 @@ fn golden_readings() -> Readings {
             ),
         ],
     };
-    const _: () = assert!(DROP_REASONS == 8);
+    const _: () = assert!(DROP_REASONS == 9);
     r
 }
 

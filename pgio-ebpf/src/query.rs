@@ -11,12 +11,13 @@ use aya_ebpf::{
 };
 use pgio_common::{
     SeriesId,
+    drops::DropReason,
     hist::{Bucket, slot},
     key_quota::HistMap,
     query::{QueryKey, QueryMetric, QueryState},
 };
 
-use crate::{hist, tracked};
+use crate::{drops, hist, tracked};
 
 /// `query_probes` from the config, written by userspace at load. The verifier sees the
 /// constant: with it off, `add_io` is pruned from every syscall exit.
@@ -33,6 +34,8 @@ static QUERY: HashMap<u32, QueryState> = HashMap::with_max_entries(QUERY_MAX, 0)
 /// Queries running at once on a node: far above any `max_connections` pgio has met. A query
 /// that finds the map full is not timed (no entry, so nothing booked).
 const QUERY_MAX: u32 = 16_384;
+
+const EEXIST: i32 = 17;
 
 #[inline(always)]
 fn current_tid() -> u32 {
@@ -72,7 +75,11 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
             start_ns: unsafe { bpf_ktime_get_ns() },
             ..QueryState::default()
         };
-        let _ = QUERY.insert(&tid, &start, BPF_NOEXIST as u64);
+        if let Err(e) = QUERY.insert(&tid, &start, BPF_NOEXIST as u64)
+            && e != -EEXIST
+        {
+            drops::count(DropReason::QueryUnavailable);
+        }
         return 0;
     }
     // SAFETY: a map value; only this thread's programs touch its key.
