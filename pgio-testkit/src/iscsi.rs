@@ -131,6 +131,16 @@ impl IscsiDisk {
         if !discovered {
             bail!("iSCSI discovery failed: {last:?}");
         }
+        // No NOP-Out pings: under emulation (cargo xtask integration's TCG guests) a busy
+        // target misses their 5 s deadline and the initiator drops a healthy session.
+        for (name, value) in [
+            ("node.conn[0].timeo.noop_out_interval", "0"),
+            ("node.conn[0].timeo.noop_out_timeout", "0"),
+        ] {
+            iscsiadm(&[
+                "-m", "node", "-T", IQN, "-p", PORTAL, "-o", "update", "-n", name, "-v", value,
+            ])?;
+        }
         iscsiadm(&["-m", "node", "-T", IQN, "-p", PORTAL, "--login"])?;
         disk.logged_in = true;
         let mut found = None;
@@ -141,6 +151,11 @@ impl IscsiDisk {
                 .is_some_and(|n| Path::new("/dev").join(n).exists())
         });
         let name = found.context("no new IET disk (tgt's vendor id) after the iSCSI login")?;
+        // The SCSI command timeout (30 s) starts error recovery, which resets the session: a
+        // loaded target under emulation (2 ms injected per replica request, pgbench -i's
+        // writes) has kept commands queued longer than that.
+        let timeout = format!("/sys/block/{name}/device/timeout");
+        std::fs::write(&timeout, "600").with_context(|| format!("writing {timeout}"))?;
         disk.device = Path::new("/dev").join(&name);
         disk.name = name;
         Ok(disk)
