@@ -47,3 +47,13 @@ pub(crate) fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }
+
+/// Whether kernel module `name` is loaded, or `modprobe -q` loads it now.
+pub(crate) fn module_available(name: &str) -> bool {
+    std::path::Path::new("/sys/module").join(name).exists()
+        || std::process::Command::new("modprobe")
+            .args(["-q", name])
+            .stdin(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}

@@ -28,15 +28,8 @@ pub fn unavailable() -> Option<String> {
     if !cmd::on_path("dmsetup") {
         return Some("dmsetup not installed (Debian: dmsetup)".to_owned());
     }
-    if !Path::new("/sys/module/dm_delay").exists() {
-        let loaded = Command::new("modprobe")
-            .args(["-q", "dm_delay"])
-            .stdin(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !loaded {
-            return Some("no dm_delay kernel module".to_owned());
-        }
+    if !cmd::module_available("dm_delay") {
+        return Some("no dm_delay kernel module".to_owned());
     }
     if !Path::new("/dev/mapper/control").exists() {
         return Some("no /dev/mapper/control".to_owned());

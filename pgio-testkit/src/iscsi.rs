@@ -23,23 +23,11 @@ pub fn unavailable() -> Option<String> {
             return Some(format!("{tool} not installed (Debian: tgt, open-iscsi)"));
         }
     }
-    if !Path::new("/sys/module/iscsi_tcp").exists() {
-        let loaded = Command::new("modprobe")
-            .args(["-q", "iscsi_tcp"])
-            .stdin(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !loaded {
-            return Some("no iscsi_tcp kernel module".to_owned());
-        }
+    if !cmd::module_available("iscsi_tcp") {
+        return Some("no iscsi_tcp kernel module".to_owned());
     }
-    if !Path::new("/sys/module/sd_mod").exists() {
-        // Built in on some kernels; a module on Debian's.
-        let _ = Command::new("modprobe")
-            .args(["-q", "sd_mod"])
-            .stdin(Stdio::null())
-            .status();
-    }
+    // Built in on some kernels; a module on Debian's.
+    let _ = cmd::module_available("sd_mod");
     None
 }
 
