@@ -32,7 +32,7 @@ static QUERY_PROBES: u8 = 0;
 static QUERY: HashMap<u32, QueryState> = HashMap::with_max_entries(QUERY_MAX, 0);
 
 /// Queries running at once on a node: far above any `max_connections` pgio has met. A query
-/// that finds the map full is not timed (no entry, so nothing booked).
+/// that finds the map full is not timed (`query_unavailable`).
 const QUERY_MAX: u32 = 16_384;
 
 const EEXIST: i32 = 17;
