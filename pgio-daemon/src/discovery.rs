@@ -172,7 +172,10 @@ impl Discovery {
     }
 
     /// A cluster's label just changed (its first auxiliary process told its cluster_name):
-    /// classify again what was labelled with its data directory, i.e. the postmaster.
+    /// classify again what was labelled with its data directory, and the postmasters that
+    /// wait for a cluster label. A postmaster slower to start than its looks (TCG, a loaded
+    /// node) would otherwise keep its events held back, or on a label without its cluster,
+    /// until the next rescan.
     fn relabel_cluster(&mut self, dir: &str) {
         let pids: Vec<u32> = {
             let shared = lock(&self.shared);
@@ -180,10 +183,9 @@ impl Discovery {
                 .pids
                 .iter()
                 .filter(|(_, id)| {
-                    shared
-                        .registry
-                        .labels(**id)
-                        .is_some_and(|l| Classifier::in_cluster(l, dir))
+                    shared.registry.labels(**id).is_some_and(|l| {
+                        Classifier::in_cluster(l, dir) || Classifier::awaits_cluster(l)
+                    })
                 })
                 .map(|(pid, _)| *pid)
                 .collect()
@@ -216,6 +218,7 @@ impl Discovery {
         let id = shared.intern(labels, KeyOwner::Pid(pid));
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.
+            debug!(pid, series = id.0, "still provisional");
             shared.pids.insert(pid, id);
             return;
         }
@@ -224,6 +227,7 @@ impl Discovery {
         }
         match self.kernel.set(pid, id) {
             Ok(()) => {
+                debug!(pid, series = id.0, "tracked");
                 shared.pids.insert(pid, id);
                 shared.provisional.resolved(pid, id);
             }
@@ -356,6 +360,7 @@ impl Discovery {
         if !shared.provisional.is_open(pid) {
             return;
         }
+        debug!(pid, "still unclassified after its last look");
         if let Some(&id) = shared.pids.get(&pid)
             && self.kernel.set(pid, id).is_ok()
         {

@@ -147,6 +147,14 @@ impl Provisional {
             .retain(|_, e| e.closed_at.is_none_or(|t| now.duration_since(t) < GRACE));
     }
 
+    /// Processes whose events are held back now (`pgio_provisional_processes`).
+    pub fn open(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|e| e.closed_at.is_none())
+            .count()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -174,6 +182,7 @@ mod tests {
         p.forked(100, s(3));
         p.forked(101, s(3));
         assert!(p.is_open(100));
+        assert_eq!(p.open(), 2);
         assert_eq!(p.route(SeriesId::provisional(100)), Route::Pending);
         assert!(!p.take_closed_since_fold());
         p.resolved(100, s(7));
@@ -181,6 +190,11 @@ mod tests {
         assert!(p.take_closed_since_fold());
         assert!(!p.take_closed_since_fold());
         assert!(!p.is_open(100));
+        assert_eq!(
+            (p.open(), p.len()),
+            (0, 2),
+            "closed, kept for late completions"
+        );
         assert_eq!(p.route(SeriesId::provisional(100)), Route::Fold(s(7)));
         assert_eq!(
             p.route(SeriesId::provisional(101)),

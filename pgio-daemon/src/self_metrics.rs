@@ -136,6 +136,11 @@ static EXITS_MISSED: Family = Family {
     help: "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",
     kind: Kind::Counter,
 };
+static PROVISIONAL: Family = Family {
+    name: "pgio_provisional_processes",
+    help: "Processes whose events pgio holds back until it has classified them: a postmaster's new children until their title, a postmaster until its cluster is known. Their events appear in a later scrape, under the series they are classified as (role=\"starting\" if never).",
+    kind: Kind::Gauge,
+};
 static SERIES: Family = Family {
     name: "pgio_series",
     help: "Label sets (series ids) pgio holds now, kernel and userspace: the live processes' label sets plus those within series_retention_secs of their last process, at most max_series (plus one overflow series per app).",
@@ -209,6 +214,8 @@ impl Snapshot for SelfSnapshot {
         }
         enc.family(&EXITS_MISSED)
             .counter((), scrape.tracked.exits_missed);
+        enc.family(&PROVISIONAL)
+            .gauge((), scrape.tracked.provisional.open() as i64);
         let registry = &scrape.tracked.registry;
         enc.family(&SERIES).gauge((), registry.len() as i64);
         enc.family(&SERIES_RETIRED)

@@ -214,16 +214,17 @@ impl Pgio {
 
     /// A scrape and the device's diskstats with no request completing in between.
     fn snapshot(&self, device: &str) -> (Metrics, DiskStats) {
-        for _ in 0..100 {
+        for _ in 0..500 {
             let d1 = diskstats(device).expect("diskstats");
             let m = self.scrape();
             let d2 = diskstats(device).expect("diskstats");
-            if d1 == d2 {
+            // Nothing held provisional either (see common::holds_nothing_back).
+            if d1 == d2 && m.sum("pgio_provisional_processes", &[]) == 0.0 {
                 return (m, d2);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("{device} never went quiet for the length of a scrape");
+        panic!("{device} never went quiet, with no process held provisional, for a scrape");
     }
 
     fn wait_tracked(&self, labels: &[(&str, &str)]) -> bool {

@@ -116,6 +116,8 @@ fn golden_readings() -> Readings {
         t.pids.insert(pid, s);
     }
     t.exits_missed = 3;
+    // Newer than golden/: one process held provisional.
+    t.provisional.forked(400, ckpt);
     let (vda, sdb, loop0) = (mkdev(254, 0), mkdev(8, 16), mkdev(7, 0));
     let mut n = 0;
     for (s, dev, op) in [
@@ -239,7 +241,8 @@ fn families(text: &str) -> Vec<String> {
 }
 
 /// Families newer than `golden/`, with their last sample in `golden_readings`.
-const NEWER_FAMILIES: [(&str, &str); 10] = [
+const NEWER_FAMILIES: [(&str, &str); 11] = [
+    ("pgio_provisional_processes", "pgio_provisional_processes 1"),
     (
         "pgio_series_refused",
         r#"pgio_series_refused_total{app="postgres"} 7"#,

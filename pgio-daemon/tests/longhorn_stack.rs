@@ -460,12 +460,12 @@ fn quiet_snapshot(
             diskstats(lo).expect("diskstats"),
             diskstats(backing).expect("diskstats"),
         );
-        if a1 == a2 && b1 == b2 {
+        if a1 == a2 && b1 == b2 && common::holds_nothing_back(&m) {
             return (m, a2, b2);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("{lo}/{backing} never went quiet for the length of a scrape");
+    panic!("{lo}/{backing} never went quiet, with no process held provisional, for a scrape");
 }
 
 /// Counters of the volume's layers (no buckets), for the README.

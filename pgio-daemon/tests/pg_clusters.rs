@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{Daemon, delta, delta_by, losses, snapshot};
 use pgio_testkit::{
-    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, TempDir, pg_bin_dir,
+    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, TempDir, on_path, pg_bin_dir,
     processes_with_parent, require_root, temp_dir, wait_until,
 };
 
@@ -127,6 +127,76 @@ fn two_clusters_stay_apart() {
     for c in [&mut a, &mut b] {
         c.pg.stop().expect("stop");
     }
+}
+
+/// A postmaster slower to change into its data directory than pgio's looks at it (strace
+/// holds its `chdir` 3 s; the last look comes 2 s after exec: TCG guests and loaded nodes
+/// start Postgres that slowly) gets its cluster label as soon as its first auxiliary process
+/// is classified, not at the next /proc rescan (an hour away here): until then its events
+/// were held back or booked without a cluster.
+#[test]
+fn a_postmaster_slow_to_start_is_labelled_by_its_first_auxiliary_process() {
+    if !require_root("a_postmaster_slow_to_start_is_labelled_by_its_first_auxiliary_process") {
+        return;
+    }
+    assert!(
+        on_path("strace"),
+        "strace is missing (cargo xtask setup installs it)"
+    );
+    let bin = pg_bin_dir(15).unwrap_or_else(|e| panic!("PostgreSQL 15: {e:#}"));
+    let dir = temp_dir().expect("temp dir");
+    let data = dir.path().join("pgdata");
+    let mut pg = PgCluster::init_with(PgOptions::new(&bin, &data, 56_432).shared_buffers("16MB"))
+        .expect("initdb");
+    let label = std::fs::canonicalize(&data)
+        .expect("canonical data directory")
+        .to_string_lossy()
+        .into_owned();
+    let daemon = Daemon::with_config("rescan_interval_secs = 3600\n").expect("daemon");
+    let mut strace = pg
+        .start_under(&[
+            "strace",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=chdir",
+            "-e",
+            "inject=chdir:delay_enter=3000000",
+        ])
+        .expect("start under strace");
+    let pm = pg.postmaster_pid().expect("postmaster");
+    let postmasters = |m: &Metrics| {
+        m.matching("pgio_tracked_processes", &[("role", "postmaster")])
+            .filter(|s| s.value > 0.0)
+            .map(|s| format!("{:?}", s.labels))
+            .collect::<Vec<_>>()
+    };
+    let mut m = daemon.scrape();
+    let labelled = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        m = daemon.scrape();
+        m.sum(
+            "pgio_tracked_processes",
+            &[("role", "postmaster"), ("cluster", label.as_str())],
+        ) == 1.0
+            && m.sum("pgio_provisional_processes", &[]) == 0.0
+    });
+    let unlabelled = m
+        .matching(
+            "pgio_tracked_processes",
+            &[("app", "postgres"), ("role", "postmaster")],
+        )
+        .filter(|s| s.value > 0.0 && !s.labels.contains_key("cluster"))
+        .count();
+    pg.stop().expect("stop");
+    let _ = strace.wait();
+    daemon.stop().expect("daemon stop");
+    assert!(
+        labelled && unlabelled == 0,
+        "postmaster {pm} of {label}: tracked postmasters {:?}, provisional processes {}",
+        postmasters(&m),
+        m.sum("pgio_provisional_processes", &[])
+    );
 }
 
 /// pgio_tracked_processes{app="postgres"} summed by cluster.

@@ -43,7 +43,7 @@ pub(crate) fn check(cmd: &Command, out: &Output) -> Result<()> {
 }
 
 /// Whether `tool` is a file in a `$PATH` directory.
-pub(crate) fn on_path(tool: &str) -> bool {
+pub fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }

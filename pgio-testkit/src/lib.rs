@@ -29,6 +29,7 @@ pub mod soak;
 
 use std::time::{Duration, Instant};
 
+pub use cmd::on_path;
 pub use daemon::{Daemon, rules_config};
 pub use diskstats::{DiskStats, diskstats};
 pub use ext4::Ext4Mount;

@@ -139,6 +139,45 @@ impl PgCluster {
             .with_context(|| format!("server log tail:\n{}", self.log_tail(30)))
     }
 
+    /// Starts the postmaster without pg_ctl, as `<wrapper…> postgres -D <data>` (the wrapper,
+    /// e.g. strace, becomes its parent), and waits until it accepts connections. Returns the
+    /// wrapper's process: wait for it after `stop`.
+    pub fn start_under(&mut self, wrapper: &[&str]) -> Result<Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .with_context(|| format!("opening {}", self.log_file().display()))?;
+        let mut c = Command::new("runuser");
+        c.args(["-u", &self.opts.os_user, "--"])
+            .args(wrapper)
+            .arg(self.opts.bin_dir.join("postgres"))
+            .arg("-D")
+            .arg(&self.opts.data_dir)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("LC_ALL", "C")
+            .current_dir(self.run_dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let mut child = c
+            .spawn()
+            .with_context(|| format!("spawning {wrapper:?} postgres"))?;
+        let ready = crate::wait_until(Duration::from_secs(120), Duration::from_millis(100), || {
+            self.psql("select 1").is_ok()
+        });
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{wrapper:?} postgres: not accepting connections after 120 s; server log tail:\n{}",
+                self.log_tail(30)
+            );
+        }
+        Ok(child)
+    }
+
     /// `pg_ctl -m fast -w stop`, then waits until the postmaster process is gone
     /// (pg_ctl returns once postmaster.pid is removed, just before the process exits).
     pub fn stop(&mut self) -> Result<()> {

@@ -17,6 +17,8 @@ const PACKAGES: &[&str] = &[
     "fio",
     // `pgio-daemon top`'s live mode is driven through a real terminal (tests/top.rs).
     "tmux",
+    // Holds a postmaster's chdir to start it as slowly as a loaded node (tests/pg_clusters.rs).
+    "strace",
 ];
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 

@@ -122,9 +122,13 @@ impl Classifier {
     /// Labels that only say "not classified yet": a child that has not set its title, a
     /// postmaster that has not changed into its data directory.
     pub fn is_provisional(labels: &Labels) -> bool {
-        labels.app == "postgres"
-            && (labels.role == postgres::STARTING
-                || (labels.role == "postmaster" && labels.cluster.is_empty()))
+        Self::is_starting(labels) || Self::awaits_cluster(labels)
+    }
+
+    /// A postmaster whose data directory has not shown its cluster label yet (no auxiliary
+    /// process classified): the first one that is relabels it.
+    pub fn awaits_cluster(labels: &Labels) -> bool {
+        labels.app == "postgres" && labels.role == "postmaster" && labels.cluster.is_empty()
     }
 
     /// Whether a process with these labels can still change them by retitling itself (so a

@@ -93,16 +93,22 @@ pub fn losses(before: &Metrics, after: &Metrics) -> String {
 /// A scrape and the device's /proc/diskstats taken with no request completing in between
 /// (diskstats read before and after the scrape agree), so both sides count the same window.
 pub fn snapshot(daemon: &Daemon, device: &str) -> (Metrics, DiskStats) {
-    for _ in 0..100 {
+    for _ in 0..500 {
         let d1 = diskstats(device).expect("diskstats");
         let m = daemon.scrape();
         let d2 = diskstats(device).expect("diskstats");
-        if d1 == d2 {
+        if d1 == d2 && holds_nothing_back(&m) {
             return (m, d2);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("{device} never went quiet for the length of a scrape");
+    panic!("{device} never went quiet, with no process held provisional, for a scrape");
+}
+
+/// No process's events are held back (`pgio_provisional_processes`): a scrape that holds some
+/// back shows them only later, in a window that did not cause them.
+pub fn holds_nothing_back(m: &Metrics) -> bool {
+    m.sum("pgio_provisional_processes", &[]) == 0.0
 }
 
 /// PostgreSQL 15 on ext4 on a Longhorn stand-in volume (2 replicas and a sync-agent): pgbench
