@@ -118,11 +118,13 @@ fn pgbench_select_reads_are_attributed_to_client_backends() {
         disk_reads > 1000.0,
         "cold pgbench -S read only {disk_reads} blocks"
     );
-    // Under this load pgio has counted 0-8 per ~15,000 fewer reads than diskstats (<= 0.06 %),
-    // up to 0.55 % with a second pgio attached: a known, not yet explained gap (the direct-read
-    // test matches exactly). 1 % keeps it visible without flaking.
+    // Never more than diskstats: no request counted twice, and nothing held back from before
+    // the window (the snapshots wait for no provisional process). Fewer: under this load pgio
+    // has counted 0-8 per ~15,000 fewer reads (<= 0.06 %), up to 0.55 % with a second pgio
+    // attached, and completions the kernel skipped (recursion misses) in TCG guests; 1 % keeps
+    // that visible without flaking.
     assert!(
-        (pgio_reads - disk_reads).abs() <= 0.01 * disk_reads,
+        pgio_reads <= disk_reads && disk_reads - pgio_reads <= 0.01 * disk_reads,
         "pgio {pgio_reads} vs diskstats {disk_reads} read requests"
     );
     assert!(
