@@ -266,15 +266,16 @@ pub trait Balanced: Send + Sync {
     fn evict(&self, owner_of: &dyn Fn(SeriesId) -> u8, want: &[u32]) -> Result<Vec<u32>>;
 }
 
+/// One histogram map's shares at the last balance.
 #[derive(Clone, Debug, Default)]
-struct MapStats {
-    entries: u64,
-    max_entries: u32,
-    evicted_total: u64,
+pub struct MapStats {
+    pub entries: u64,
+    pub max_entries: u32,
+    pub evicted_total: u64,
     /// (owner name, keys), owners with keys only.
-    by_owner: Vec<(String, u32)>,
+    pub by_owner: Vec<(String, u32)>,
     /// New keys refused by owner name, for owners that have series or keys.
-    refused: std::collections::BTreeMap<String, u64>,
+    pub refused: std::collections::BTreeMap<String, u64>,
 }
 
 pub struct KeyQuota {
@@ -384,13 +385,20 @@ impl KeyQuota {
 /// `pgio_hist_map_*` at a scrape.
 pub struct KeyQuotaSource(pub Arc<KeyQuota>);
 
-struct KeyQuotaSnapshot(Vec<(HistMap, MapStats)>);
+/// Each histogram map's shares, by map name.
+#[derive(Debug, Default)]
+pub struct KeyQuotaSnapshot(pub Vec<(&'static str, MapStats)>);
 
 impl Source for KeyQuotaSource {
     fn read(&self, _routes: &Provisional) -> Box<dyn Snapshot> {
         let stats = lock(&self.0.stats).clone();
         Box::new(KeyQuotaSnapshot(
-            self.0.maps.iter().map(|m| m.quota()).zip(stats).collect(),
+            self.0
+                .maps
+                .iter()
+                .map(|m| m.quota().name())
+                .zip(stats)
+                .collect(),
         ))
     }
 }
@@ -425,30 +433,27 @@ impl Snapshot for KeyQuotaSnapshot {
     fn encode(&self, _scrape: &mut Scrape<'_>, enc: &mut Encoder) {
         let mut f = enc.family(&ENTRIES);
         for (m, s) in &self.0 {
-            f.gauge([("map", m.name())], s.entries as i64);
+            f.gauge([("map", *m)], s.entries as i64);
         }
         let mut f = enc.family(&MAX_ENTRIES);
         for (m, s) in &self.0 {
-            f.gauge([("map", m.name())], i64::from(s.max_entries));
+            f.gauge([("map", *m)], i64::from(s.max_entries));
         }
         let mut f = enc.family(&OWNER_ENTRIES);
         for (m, s) in &self.0 {
             for (owner, n) in &s.by_owner {
-                f.gauge(
-                    [("map", m.name()), ("owner", owner.as_str())],
-                    i64::from(*n),
-                );
+                f.gauge([("map", *m), ("owner", owner.as_str())], i64::from(*n));
             }
         }
         let mut f = enc.family(&REFUSED);
         for (m, s) in &self.0 {
             for (owner, n) in &s.refused {
-                f.counter([("map", m.name()), ("owner", owner.as_str())], *n);
+                f.counter([("map", *m), ("owner", owner.as_str())], *n);
             }
         }
         let mut f = enc.family(&EVICTED);
         for (m, s) in &self.0 {
-            f.counter([("map", m.name())], s.evicted_total);
+            f.counter([("map", *m)], s.evicted_total);
         }
     }
 }

@@ -261,10 +261,11 @@ pub struct WebSelfMetrics {
     pub auth: Option<Arc<BasicAuth>>,
 }
 
-struct WebSnapshot {
-    tls_handshake_failures: Option<u64>,
+#[derive(Debug, Default)]
+pub struct WebSnapshot {
+    pub tls_handshake_failures: Option<u64>,
     /// By reason; verifications.
-    auth: Option<([(&'static str, u64); 3], u64)>,
+    pub auth: Option<([(&'static str, u64); 3], u64)>,
 }
 
 impl Source for WebSelfMetrics {

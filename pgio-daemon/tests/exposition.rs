@@ -6,6 +6,7 @@ use pgio_common::{
     block_io::{BlockMetric, BlockOp, mkdev},
     drops::DROP_REASONS,
     hist::{Bucket, slot},
+    query::QueryMetric,
     syscall::{Cache, Syscall},
 };
 use std::collections::BTreeMap;
@@ -17,12 +18,15 @@ use pgio_daemon::{
     devices::Devices,
     exposition::{Encoder, Format},
     hist::Log2Hist,
+    key_quota::{KeyQuotaSnapshot, MapStats},
     labels::Labels,
     probes::ProbeStatus,
-    self_metrics::{PostgresBinaries, ProgramStats, SelfSnapshot},
+    query::{QueryId, QuerySnapshot},
+    self_metrics::{HttpSnapshot, PostgresBinaries, ProgramStats, SelfSnapshot},
     series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
     tracked_processes::TrackedProcesses,
+    web_config::WebSnapshot,
 };
 use pgio_testkit::metrics::{Metrics, Sample};
 
@@ -35,6 +39,11 @@ struct Readings {
     tracked: Tracked,
     names: Vec<(u32, String)>,
     volumes: Vec<(u32, String)>,
+    /// Only in `all_families`.
+    queries: QuerySnapshot,
+    key_quota: KeyQuotaSnapshot,
+    http: HttpSnapshot,
+    web: WebSnapshot,
 }
 
 fn exposition(r: &Readings, format: Format) -> String {
@@ -53,6 +62,115 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
     ];
     collector::encode(sources, &r.tracked, &mut devices, &mut enc);
     enc.finish()
+}
+
+/// Every source in the order `pgio-daemon run` registers them, TLS and basic auth on.
+fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
+    let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
+    let mut enc = Encoder::new(format, 0);
+    let sources: [&dyn Snapshot; 9] = [
+        &r.block,
+        &r.syscalls,
+        &r.queries,
+        &r.key_quota,
+        &TrackedProcesses,
+        &DeviceInfo,
+        &r.self_metrics,
+        &r.http,
+        &r.web,
+    ];
+    collector::encode(sources, &r.tracked, &mut devices, &mut enc);
+    enc.finish()
+}
+
+/// `golden_readings` plus every source it leaves out: queries, map shares, HTTP, TLS and
+/// basic auth.
+fn all_families() -> Readings {
+    let mut r = golden_readings();
+    let pg = r.tracked.registry.intern(Labels {
+        app: "postgres".into(),
+        role: "client backend".into(),
+        database: "we\"ird\nname\\ x".into(),
+        user: "ünï 🐘".into(),
+        cluster: "15/main".into(),
+        ..Labels::default()
+    });
+    let ckpt = r.tracked.registry.intern(Labels {
+        cluster: "/tmp/d a\"ta".into(),
+        ..Labels::app_role("postgres", "checkpointer")
+    });
+    for (n, (series, metric, misses)) in [
+        (pg, QueryMetric::Duration, 17),
+        (pg, QueryMetric::Io, 0),
+        (pg, QueryMetric::ReadMiss, 0),
+        (ckpt, QueryMetric::Duration, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        r.queries
+            .0
+            .insert(QueryId { series, metric }, h(n as u64 + 20, misses));
+    }
+    let stats = |entries: u64, owners: &[(&str, u32)], refused: &[(&str, u64)], evicted| MapStats {
+        entries,
+        max_entries: 65_536,
+        evicted_total: evicted,
+        by_owner: owners.iter().map(|(o, n)| ((*o).to_owned(), *n)).collect(),
+        refused: refused.iter().map(|(o, n)| ((*o).to_owned(), *n)).collect(),
+    };
+    r.key_quota = KeyQuotaSnapshot(vec![
+        (
+            "block_io",
+            stats(
+                1_200,
+                &[("exempt", 200), ("provisional", 3), ("999", 997)],
+                &[("999", 41)],
+                12,
+            ),
+        ),
+        ("syscall", stats(300, &[("0", 300)], &[], 0)),
+        (
+            "query",
+            MapStats {
+                max_entries: 16_384,
+                ..stats(4, &[("0", 4)], &[("other_uids", 2)], 0)
+            },
+        ),
+    ]);
+    r.http = HttpSnapshot {
+        open: 3,
+        accepted: 1_000,
+        rejected: 4,
+        closed: [("evicted", 5), ("header_timeout", 6), ("idle_timeout", 7)],
+        accept_errors: 1,
+    };
+    r.web = WebSnapshot {
+        tls_handshake_failures: Some(8),
+        auth: Some(([("missing", 9), ("wrong", 10), ("busy", 11)], 12)),
+    };
+    r
+}
+
+/// Every family pgio declares, as one scrape with TLS and basic auth on shows it, byte for
+/// byte (`golden/all_families.*`, written from this tree with `PGIO_BLESS=1`).
+#[test]
+fn every_family_is_byte_for_byte_its_golden_file() {
+    let r = all_families();
+    for (format, file) in [
+        (Format::Prometheus, "all_families.txt"),
+        (Format::OpenMetrics, "all_families.openmetrics"),
+    ] {
+        let got = String::from_utf8(all_families_bytes(&r, format)).expect("UTF-8");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(file);
+        if std::env::var_os("PGIO_BLESS").is_some() {
+            std::fs::write(&path, &got).expect("writing the golden file");
+        }
+        let want = std::fs::read_to_string(&path).expect("golden file (PGIO_BLESS=1 writes it)");
+        assert!(got == want, "{format:?}: differs from {}", path.display());
+    }
 }
 
 fn block(series: SeriesId, dev: u32, op: BlockOp, metric: BlockMetric) -> BlockIoId {
