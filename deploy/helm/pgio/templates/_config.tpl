@@ -1,5 +1,5 @@
 {{/*
-pgio.toml from .Values.config (README "Configuration"). Written field by field rather than with
+pgio.toml from .Values.config (docs/configuration.md). Written field by field rather than with
 toToml: Helm reads numbers in values as floats, and pgio wants integers.
 */}}
 {{- define "pgio.toml" -}}
