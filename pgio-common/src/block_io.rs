@@ -6,64 +6,43 @@
 
 use crate::SeriesId;
 
-/// Which of the two block latencies a histogram entry holds.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum BlockMetric {
-    /// issue → complete. Its count is the request counter, its `bytes` the byte counter.
-    Device = 0,
-    /// submission → issue: from `block_io_start` (kernel >= 6.5), else from `block_rq_insert`
-    /// (so, before 6.5, only requests that went through a scheduler queue).
-    Queue = 1,
-    /// A completion pgio could not match to a request it saw start and issue (series 0,
-    /// slot 0, no time): counted per device and op so a gap against /proc/diskstats can be
-    /// told apart from the flush sequence's second completions on another device.
-    Unmatched = 2,
-    /// submission → complete, the whole time a request took (`biolatency -Q`); issue →
-    /// complete where the submission went unseen.
-    Total = 3,
-    /// A request pgio saw issued whose completion it never saw (slot 0, no time, no bytes):
-    /// found when the kernel starts the same `struct request` again, or by the userspace sweep
-    /// of requests in flight for longer than `block_inflight_timeout_secs`.
-    Lost = 4,
-}
-
-impl BlockMetric {
-    pub fn from_u8(v: u8) -> BlockMetric {
-        match v {
-            1 => BlockMetric::Queue,
-            2 => BlockMetric::Unmatched,
-            3 => BlockMetric::Total,
-            4 => BlockMetric::Lost,
-            _ => BlockMetric::Device,
-        }
+crate::abi_enum! {
+    /// Which block latency (or count) a histogram entry holds.
+    pub enum BlockMetric: u8 {
+        /// issue → complete. Its count is the request counter, its `bytes` the byte counter.
+        Device = 0 => "device",
+        /// submission → issue: from `block_io_start` (kernel >= 6.5), else from
+        /// `block_rq_insert` (so, before 6.5, only requests that went through a scheduler
+        /// queue).
+        Queue = 1 => "queue",
+        /// A completion pgio could not match to a request it saw start and issue (series 0,
+        /// slot 0, no time): counted per device and op so a gap against /proc/diskstats can be
+        /// told apart from the flush sequence's second completions on another device.
+        Unmatched = 2 => "unmatched",
+        /// submission → complete, the whole time a request took (`biolatency -Q`); issue →
+        /// complete where the submission went unseen.
+        Total = 3 => "total",
+        /// A request pgio saw issued whose completion it never saw (slot 0, no time, no
+        /// bytes): found when the kernel starts the same `struct request` again, or by the
+        /// userspace sweep of requests in flight for longer than
+        /// `block_inflight_timeout_secs`.
+        Lost = 4 => "lost",
     }
 }
 
-/// Request operation, from `request.cmd_flags & REQ_OP_MASK`.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum BlockOp {
-    Read = 0,
-    Write = 1,
-    Flush = 2,
-    Discard = 3,
-    WriteZeroes = 4,
-    Other = 5,
+crate::abi_enum! {
+    /// Request operation, from `request.cmd_flags & REQ_OP_MASK`.
+    pub enum BlockOp: u8 {
+        Read = 0 => "read",
+        Write = 1 => "write",
+        Flush = 2 => "flush",
+        Discard = 3 => "discard",
+        WriteZeroes = 4 => "write_zeroes",
+        Other = 5 => "other",
+    }
 }
 
-pub const BLOCK_OPS: usize = 6;
-
 impl BlockOp {
-    pub const ALL: [BlockOp; BLOCK_OPS] = [
-        BlockOp::Read,
-        BlockOp::Write,
-        BlockOp::Flush,
-        BlockOp::Discard,
-        BlockOp::WriteZeroes,
-        BlockOp::Other,
-    ];
-
     /// `enum req_op` of include/linux/blk_types.h (stable since 4.10).
     #[inline(always)]
     pub fn from_cmd_flags(cmd_flags: u32) -> BlockOp {
@@ -76,29 +55,10 @@ impl BlockOp {
             _ => BlockOp::Other,
         }
     }
-
-    pub fn from_u8(v: u8) -> BlockOp {
-        match v {
-            0 => BlockOp::Read,
-            1 => BlockOp::Write,
-            2 => BlockOp::Flush,
-            3 => BlockOp::Discard,
-            4 => BlockOp::WriteZeroes,
-            _ => BlockOp::Other,
-        }
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            BlockOp::Read => "read",
-            BlockOp::Write => "write",
-            BlockOp::Flush => "flush",
-            BlockOp::Discard => "discard",
-            BlockOp::WriteZeroes => "write_zeroes",
-            BlockOp::Other => "other",
-        }
-    }
 }
+
+/// `block_io`'s histogram map in the key quota (`KEY_ALLOWANCE`).
+pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(0);
 
 /// Key of the `BLOCK_IO_HIST` map.
 #[repr(C)]
@@ -150,6 +110,9 @@ impl BlockIoInflight {
         }
     }
 }
+
+crate::abi_size!(BlockIoKey, 12, 4);
+crate::abi_size!(BlockIoInflight, 40, 8);
 
 /// `dev_t` as the kernel packs it internally (`MKDEV`).
 pub const fn mkdev(major: u32, minor: u32) -> u32 {

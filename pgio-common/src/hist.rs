@@ -20,6 +20,8 @@ pub struct Bucket {
     pub bytes: u64,
 }
 
+crate::abi_size!(Bucket, 24, 8);
+
 /// `ceil(log2(v))`, written with shifts only: BPF has no count-leading-zeros instruction.
 #[inline(always)]
 pub fn slot(v: u64) -> u8 {

@@ -52,3 +52,5 @@ pub struct KernelOffsets {
     /// attaches the program written for it.
     pub block_bio_arg: u32,
 }
+
+crate::abi_size!(KernelOffsets, 80, 4);

@@ -18,32 +18,19 @@ pub const PROVISIONAL: u8 = 1;
 /// The first slot given to a uid; the last one is shared by the uids beyond.
 pub const FIRST_UID_SLOT: u8 = 2;
 
-/// The histogram maps under quota.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HistMap {
-    BlockIo = 0,
-    Syscall = 1,
-    Query = 2,
-}
+/// A histogram map under quota: its place in `KEY_ALLOWANCE` and `KEY_REFUSED`. Each family
+/// with a histogram map declares its own (`<family>::QUOTA`); the daemon checks that its
+/// families' are distinct and dense, and sizes both arrays for them at load.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QuotaMap(pub u32);
 
-pub const HIST_MAPS: u32 = 3;
-
-impl HistMap {
-    pub const ALL: [HistMap; HIST_MAPS as usize] =
-        [HistMap::BlockIo, HistMap::Syscall, HistMap::Query];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            HistMap::BlockIo => "block_io",
-            HistMap::Syscall => "syscall",
-            HistMap::Query => "query",
-        }
-    }
-}
+/// Histogram maps the object's quota arrays have room for as compiled (the loader shrinks
+/// them to the families present).
+pub const QUOTA_MAPS: u32 = 8;
 
 /// Index of (map, owner) in `KEY_ALLOWANCE`.
 #[inline(always)]
-pub const fn allowance_index(map: HistMap, owner: u8) -> u32 {
-    map as u32 * OWNER_SLOTS + owner as u32
+pub const fn allowance_index(map: QuotaMap, owner: u8) -> u32 {
+    map.0 * OWNER_SLOTS + owner as u32
 }

@@ -5,6 +5,8 @@
 //! name here, in `pgio-ebpf` and in `pgio-daemon`.
 #![no_std]
 
+#[macro_use]
+pub mod abi;
 pub mod block_io;
 pub mod drops;
 pub mod hist;
@@ -59,6 +61,8 @@ impl SeriesId {
         self.0 != Self::UNTRACKED.0
     }
 }
+
+abi_size!(SeriesId, 4, 4);
 
 #[cfg(feature = "user")]
 mod pod {

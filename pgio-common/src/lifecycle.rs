@@ -3,19 +3,19 @@
 
 use crate::SeriesId;
 
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LifecycleKind {
-    /// A tracked process forked a new process (not a thread); the child already inherits
-    /// the parent's series in the kernel.
-    Fork = 0,
-    /// Any process called exec: userspace classifies it.
-    Exec = 1,
-    /// A tracked process exited; the kernel already removed it from the tracked map.
-    Exit = 2,
-    /// A provisional process (a new Postgres backend) has just set its title: a
-    /// [`TitleEvent`], so it can be classified even if it exits before userspace looks.
-    Titled = 3,
+crate::abi_enum! {
+    pub enum LifecycleKind: u32 {
+        /// A tracked process forked a new process (not a thread); the child already inherits
+        /// the parent's series in the kernel.
+        Fork = 0 => "fork",
+        /// Any process called exec: userspace classifies it.
+        Exec = 1 => "exec",
+        /// A tracked process exited; the kernel already removed it from the tracked map.
+        Exit = 2 => "exit",
+        /// A provisional process (a new Postgres backend) has just set its title: a
+        /// [`TitleEvent`], so it can be classified even if it exits before userspace looks.
+        Titled = 3 => "titled",
+    }
 }
 
 /// Titles one process (tgid) may send from `init_ps_display` while provisional. PostgreSQL
@@ -59,14 +59,5 @@ pub struct LifecycleEvent {
     pub series: SeriesId,
 }
 
-impl LifecycleKind {
-    pub fn from_u32(v: u32) -> Option<LifecycleKind> {
-        match v {
-            0 => Some(LifecycleKind::Fork),
-            1 => Some(LifecycleKind::Exec),
-            2 => Some(LifecycleKind::Exit),
-            3 => Some(LifecycleKind::Titled),
-            _ => None,
-        }
-    }
-}
+crate::abi_size!(TitleEvent, 272, 4);
+crate::abi_size!(LifecycleEvent, 16, 4);

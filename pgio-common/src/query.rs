@@ -9,28 +9,20 @@
 
 use crate::SeriesId;
 
-/// What a query histogram measures.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum QueryMetric {
-    /// The query's duration; the bucket's `bytes` field sums its page-cache misses.
-    Duration = 0,
-    /// The time the backend spent in IO syscalls during the query.
-    Io = 1,
-    /// The part of it in reads that missed the page cache (submitted block IO).
-    ReadMiss = 2,
-}
-
-impl QueryMetric {
-    pub fn from_u8(v: u8) -> Option<QueryMetric> {
-        match v {
-            0 => Some(QueryMetric::Duration),
-            1 => Some(QueryMetric::Io),
-            2 => Some(QueryMetric::ReadMiss),
-            _ => None,
-        }
+crate::abi_enum! {
+    /// What a query histogram measures.
+    pub enum QueryMetric: u8 {
+        /// The query's duration; the bucket's `bytes` field sums its page-cache misses.
+        Duration = 0 => "duration",
+        /// The time the backend spent in IO syscalls during the query.
+        Io = 1 => "io",
+        /// The part of it in reads that missed the page cache (submitted block IO).
+        ReadMiss = 2 => "read_miss",
     }
 }
+
+/// `query`'s histogram map in the key quota (`KEY_ALLOWANCE`).
+pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(2);
 
 /// Key of `QUERY_HIST`.
 #[repr(C)]
@@ -56,3 +48,6 @@ pub struct QueryState {
     /// Inside `pgaio_wref_wait` (PostgreSQL 18 AIO) since then; 0 outside.
     pub wait_start_ns: u64,
 }
+
+crate::abi_size!(QueryKey, 8, 4);
+crate::abi_size!(QueryState, 40, 8);

@@ -2,61 +2,25 @@
 
 use crate::SeriesId;
 
-/// Every syscall pgio times. The discriminant indexes [`Syscall::ALL`].
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Syscall {
-    Pread64 = 0,
-    Preadv = 1,
-    Preadv2 = 2,
-    Pwrite64 = 3,
-    Pwritev = 4,
-    Pwritev2 = 5,
-    Fsync = 6,
-    Fdatasync = 7,
-    IoUringEnter = 8,
-    Futex = 9,
-    FutexWaitv = 10,
+crate::abi_enum! {
+    /// Every syscall pgio times; `name()` is the tracepoints' `syscalls/sys_{enter,exit}_<name>`
+    /// and the `syscall` label. The discriminant indexes [`Syscall::ALL`].
+    pub enum Syscall: u8 {
+        Pread64 = 0 => "pread64",
+        Preadv = 1 => "preadv",
+        Preadv2 = 2 => "preadv2",
+        Pwrite64 = 3 => "pwrite64",
+        Pwritev = 4 => "pwritev",
+        Pwritev2 = 5 => "pwritev2",
+        Fsync = 6 => "fsync",
+        Fdatasync = 7 => "fdatasync",
+        IoUringEnter = 8 => "io_uring_enter",
+        Futex = 9 => "futex",
+        FutexWaitv = 10 => "futex_waitv",
+    }
 }
 
-pub const SYSCALLS: usize = 11;
-
 impl Syscall {
-    pub const ALL: [Syscall; SYSCALLS] = [
-        Syscall::Pread64,
-        Syscall::Preadv,
-        Syscall::Preadv2,
-        Syscall::Pwrite64,
-        Syscall::Pwritev,
-        Syscall::Pwritev2,
-        Syscall::Fsync,
-        Syscall::Fdatasync,
-        Syscall::IoUringEnter,
-        Syscall::Futex,
-        Syscall::FutexWaitv,
-    ];
-
-    /// Name as in the tracepoints `syscalls/sys_{enter,exit}_<name>` and the `syscall` label.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Syscall::Pread64 => "pread64",
-            Syscall::Preadv => "preadv",
-            Syscall::Preadv2 => "preadv2",
-            Syscall::Pwrite64 => "pwrite64",
-            Syscall::Pwritev => "pwritev",
-            Syscall::Pwritev2 => "pwritev2",
-            Syscall::Fsync => "fsync",
-            Syscall::Fdatasync => "fdatasync",
-            Syscall::IoUringEnter => "io_uring_enter",
-            Syscall::Futex => "futex",
-            Syscall::FutexWaitv => "futex_waitv",
-        }
-    }
-
-    pub fn from_u8(v: u8) -> Option<Syscall> {
-        Syscall::ALL.get(v as usize).copied()
-    }
-
     /// futex waits: timed, but not IO.
     pub const fn is_wait(self) -> bool {
         matches!(self, Syscall::Futex | Syscall::FutexWaitv)
@@ -68,33 +32,18 @@ impl Syscall {
     }
 }
 
-/// Page-cache outcome of a read syscall.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Cache {
-    /// Not a read syscall.
-    None = 0,
-    Hit = 1,
-    Miss = 2,
-}
-
-impl Cache {
-    pub fn from_u8(v: u8) -> Cache {
-        match v {
-            1 => Cache::Hit,
-            2 => Cache::Miss,
-            _ => Cache::None,
-        }
-    }
-
-    pub const fn label(self) -> &'static str {
-        match self {
-            Cache::None => "",
-            Cache::Hit => "hit",
-            Cache::Miss => "miss",
-        }
+crate::abi_enum! {
+    /// Page-cache outcome of a read syscall (the `cache` label; empty: not a read).
+    pub enum Cache: u8 {
+        /// Not a read syscall.
+        None = 0 => "",
+        Hit = 1 => "hit",
+        Miss = 2 => "miss",
     }
 }
+
+/// `syscall`'s histogram map in the key quota (`KEY_ALLOWANCE`).
+pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(1);
 
 /// Key of the `SYSCALL_HIST` map.
 #[repr(C)]
@@ -203,6 +152,11 @@ impl RowTag {
     }
 }
 
+crate::abi_size!(SyscallKey, 8, 4);
+crate::abi_size!(SyscallStart, 16, 8);
+crate::abi_size!(CpuSyscall, 32, 8);
+crate::abi_size!(SyscallRow, 528, 8);
+
 /// futex(2) commands that wait (after masking PRIVATE and CLOCK_REALTIME): WAIT,
 /// LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2. glibc's `sem_wait` (Postgres
 /// semaphores) is WAIT_BITSET|CLOCK_REALTIME, which must count.
@@ -270,8 +224,12 @@ mod tests {
     fn names_index_all() {
         for (i, s) in Syscall::ALL.iter().enumerate() {
             assert_eq!(*s as usize, i);
-            assert_eq!(Syscall::from_u8(i as u8), Some(*s));
+            assert_eq!(Syscall::try_from(i as u8), Ok(*s));
         }
-        assert_eq!(Syscall::from_u8(SYSCALLS as u8), None);
+        let n = Syscall::ALL.len() as u8;
+        assert_eq!(
+            Syscall::try_from(n),
+            Err(crate::abi::UnknownValue(n.into()))
+        );
     }
 }

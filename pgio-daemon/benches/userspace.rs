@@ -70,7 +70,7 @@ fn fixture(label_sets: u32) -> Fixture {
         ] {
             let id = SyscallId {
                 series,
-                syscall: syscall as u8,
+                syscall,
                 cache,
             };
             syscalls.0.insert(id, hist(i as u64 + seed));
@@ -219,12 +219,11 @@ mod before {
             ] {
                 let mut m = enc.encode_descriptor(family, "h", None, MetricType::Histogram)?;
                 for (id, h) in &f.syscalls.0 {
-                    let sc = Syscall::from_u8(id.syscall).map_or("unknown", Syscall::name);
-                    if matches!(id.syscall, 9 | 10) != futex {
+                    if id.syscall.is_wait() != futex {
                         continue;
                     }
                     let l = series(
-                        [("syscall", sc), ("cache", id.cache.label())],
+                        [("syscall", id.syscall.name()), ("cache", id.cache.name())],
                         labels(id.series),
                     );
                     m.encode_family(&l)?.encode_histogram::<NoLabelSet>(

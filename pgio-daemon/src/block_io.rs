@@ -1,10 +1,7 @@
 //! Userspace side of the block probes: reads `BLOCK_IO_HIST` at scrape time and writes the
 //! `pgio_block_io_*` families; sweeps `BLOCK_IO_INFLIGHT` for requests whose completion never
 //! came (counted lost, so none is dropped in silence).
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Mutex, time::Duration};
 
 use anyhow::Result;
 use aya::{
@@ -13,24 +10,79 @@ use aya::{
 };
 use pgio_common::{
     SeriesId,
-    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp},
+    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp, QUOTA},
     hist::Bucket,
-    key_quota::HistMap,
 };
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
-    hist::{HistKey, HistReader, Hists},
-    key_quota::Balanced,
+    config::Config,
+    exposition::{Encoder, Kind, MetricFamily},
+    family::{Attach, Family, Probe, Setup, Taken},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists, Log2Hist},
     labels::BlockLabels,
     lock,
     maps::take_map,
     provisional::Provisional,
 };
 
-pub const HIST_MAP: &str = "BLOCK_IO_HIST";
+pub static HIST: HistMapSpec = HistMapSpec {
+    family: "block_io",
+    map: "BLOCK_IO_HIST",
+    quota: QUOTA,
+};
 const INFLIGHT_MAP: &str = "BLOCK_IO_INFLIGHT";
+
+/// The block family (`Family`).
+pub struct BlockIoFamily;
+
+impl Family for BlockIoFamily {
+    fn name(&self) -> &'static str {
+        "block_io"
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        use Attach::BtfTracePoint;
+        vec![
+            // Kernel >= 6.5; before it the submitter comes from insert/issue.
+            Probe::new("block_io_start", BtfTracePoint, true),
+            Probe::new("block_rq_insert", BtfTracePoint, false),
+            Probe::new("block_rq_issue", BtfTracePoint, false),
+            Probe::new("block_rq_requeue", BtfTracePoint, false),
+            Probe::new("block_rq_complete", BtfTracePoint, false),
+            // Bio-based disks (dm-N, md, zram): without them only the disks below are seen.
+            Probe::new("block_bio_queue", BtfTracePoint, true),
+            Probe::new("block_bio_complete", BtfTracePoint, true),
+        ]
+    }
+
+    fn maps(&self) -> &'static [&'static str] {
+        &["BLOCK_IO_HIST", INFLIGHT_MAP]
+    }
+
+    fn hist_map(&self) -> Option<&'static HistMapSpec> {
+        Some(&HIST)
+    }
+
+    fn setup(&self, config: &Config) -> Setup {
+        Setup {
+            map_sizes: vec![(HIST.map, config.hist_map_entries())],
+            ..Setup::default()
+        }
+    }
+
+    fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
+        let block = BlockIo::take(
+            ebpf,
+            config.block_inflight_timeout(),
+            config.hist_map_entries(),
+        )?;
+        Ok(Taken {
+            balanced: Some(block.hists.balanced()),
+            source: Some(Box::new(block)),
+        })
+    }
+}
 
 /// One block histogram: a submitter series' requests on a device, by op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,42 +105,28 @@ impl HistKey for BlockIoKey {
         self.slot
     }
 
-    fn id(&self, series: SeriesId) -> BlockIoId {
-        BlockIoId {
+    fn id(&self, series: SeriesId) -> Option<BlockIoId> {
+        Some(BlockIoId {
             series,
             dev: self.dev,
-            op: BlockOp::from_u8(self.op),
-            metric: BlockMetric::from_u8(self.metric),
-        }
-    }
-
-    fn series_of(id: &BlockIoId) -> SeriesId {
-        id.series
+            op: BlockOp::try_from(self.op).ok()?,
+            metric: BlockMetric::try_from(self.metric).ok()?,
+        })
     }
 }
 
 pub struct BlockIo {
-    reader: Arc<HistReader<BlockIoKey>>,
+    hists: HistSource<BlockIoKey>,
     inflight: Mutex<HashMap<MapData, u64, BlockIoInflight>>,
     timeout: Duration,
 }
 
 impl BlockIo {
-    /// The histogram map, for `key_quota`.
-    pub fn balanced(&self) -> Arc<dyn Balanced> {
-        self.reader.clone()
-    }
-
     /// `timeout`: how long a request may be in flight before its completion counts as lost;
     /// `max_entries`: the histogram map's size as loaded.
     pub fn take(ebpf: &mut Ebpf, timeout: Duration, max_entries: u32) -> Result<BlockIo> {
         Ok(BlockIo {
-            reader: Arc::new(HistReader::take(
-                ebpf,
-                HIST_MAP,
-                HistMap::BlockIo,
-                max_entries,
-            )?),
+            hists: HistSource::take(ebpf, &HIST, max_entries)?,
             inflight: Mutex::new(take_map(ebpf, INFLIGHT_MAP)?),
             timeout,
         })
@@ -109,7 +147,7 @@ impl BlockIo {
             .collect();
         for (rq, e) in stale {
             if map.remove(&rq).is_ok() {
-                self.reader.book(
+                self.hists.reader.book(
                     lost_key(&e),
                     Bucket {
                         count: 1,
@@ -150,71 +188,73 @@ fn monotonic_ns() -> u64 {
 }
 
 impl Source for BlockIo {
-    /// Sweeps first, so the lost requests it finds are in this scrape. Only scrapes sweep: the
-    /// once-a-second fold passes under connection churn have no use for it.
+    /// Sweeps first, so the lost requests it finds are in this scrape (the one write a
+    /// scrape makes: a lost request must show by the next scrape after the timeout). The
+    /// once-a-second passes have no use for it.
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
         self.sweep();
-        Box::new(BlockIoSnapshot(self.reader.read_or_empty(routes)))
+        self.hists.read(routes)
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.reader.read(routes).map(drop)
+        self.hists.fold(routes)
     }
 }
 
 /// Every block histogram; `BlockMetric::Unmatched` ones (series untracked, slot 0) count
 /// completions only.
-#[derive(Debug, Default)]
-pub struct BlockIoSnapshot(pub Hists<BlockIoId>);
+pub type BlockIoSnapshot = HistSnapshot<BlockIoId>;
 
-static DEVICE_SECONDS: Family = Family {
+static DEVICE_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_device_seconds",
     help: "Block request device time, issue to complete, by submitting process series (seconds).",
     kind: Kind::Histogram,
 };
-static QUEUE_SECONDS: Family = Family {
+static QUEUE_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_queue_seconds",
     help: "Block request queue time, submission (block_io_start; block_rq_insert before kernel 6.5) to issue (seconds).",
     kind: Kind::Histogram,
 };
-static SECONDS: Family = Family {
+static SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_seconds",
     help: "Block request time, submission to complete: queue plus device time, like biolatency -Q (seconds).",
     kind: Kind::Histogram,
 };
-static REQUESTS: Family = Family {
+static REQUESTS: MetricFamily = MetricFamily {
     name: "pgio_block_io_requests",
     help: "Block requests completed, by submitting process series.",
     kind: Kind::Counter,
 };
-static BYTES: Family = Family {
+static BYTES: MetricFamily = MetricFamily {
     name: "pgio_block_io_bytes",
     help: "Bytes of block requests completed, by submitting process series.",
     kind: Kind::Counter,
 };
-static UNMATCHED: Family = Family {
+static UNMATCHED: MetricFamily = MetricFamily {
     name: "pgio_block_io_unmatched_completions",
     help: "block_rq_complete events pgio could not match to a request it saw start and issue, by device and op: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), empty flushes (their flush request is counted), or requests issued before pgio started. Not lost IO as a rule.",
     kind: Kind::Counter,
 };
-static LOST: Family = Family {
+static LOST: MetricFamily = MetricFamily {
     name: "pgio_block_io_lost_completions",
     help: "Block requests pgio saw issued but never saw complete (the kernel started the same request again, or it was in flight longer than block_inflight_timeout_secs), by submitting process series. Not in pgio_block_io_requests_total.",
     kind: Kind::Counter,
 };
 
-impl BlockIoSnapshot {
-    fn of(
-        &self,
-        metric: BlockMetric,
-    ) -> impl Iterator<Item = (&BlockIoId, &crate::hist::Log2Hist)> {
-        self.0.iter().filter(move |(id, _)| id.metric == metric)
-    }
+fn of(
+    hists: &Hists<BlockIoId>,
+    metric: BlockMetric,
+) -> impl Iterator<Item = (&BlockIoId, &Log2Hist)> {
+    hists.iter().filter(move |(id, _)| id.metric == metric)
 }
 
-impl Snapshot for BlockIoSnapshot {
-    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
-        for id in self.0.keys() {
+impl HistId for BlockIoId {
+    fn series(&self) -> SeriesId {
+        self.series
+    }
+
+    fn encode(hists: &Hists<BlockIoId>, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        for id in hists.keys() {
             scrape.devices.see(id.dev);
         }
         let scrape = &*scrape;
@@ -226,32 +266,32 @@ impl Snapshot for BlockIoSnapshot {
             device_volume: scrape.devices.volume(id.dev),
         };
         let mut f = enc.family(&DEVICE_SECONDS);
-        for (id, h) in self.of(BlockMetric::Device) {
+        for (id, h) in of(hists, BlockMetric::Device) {
             f.histogram(labels(id), h);
         }
         let mut f = enc.family(&QUEUE_SECONDS);
-        for (id, h) in self.of(BlockMetric::Queue) {
+        for (id, h) in of(hists, BlockMetric::Queue) {
             f.histogram(labels(id), h);
         }
         let mut f = enc.family(&SECONDS);
-        for (id, h) in self.of(BlockMetric::Total) {
+        for (id, h) in of(hists, BlockMetric::Total) {
             f.histogram(labels(id), h);
         }
         let mut f = enc.family(&REQUESTS);
-        for (id, h) in self.of(BlockMetric::Device) {
+        for (id, h) in of(hists, BlockMetric::Device) {
             f.counter(labels(id), h.count());
         }
         let mut f = enc.family(&BYTES);
-        for (id, h) in self.of(BlockMetric::Device) {
+        for (id, h) in of(hists, BlockMetric::Device) {
             f.counter(labels(id), h.bytes);
         }
         let mut f = enc.family(&UNMATCHED);
-        for (id, h) in self.of(BlockMetric::Unmatched) {
+        for (id, h) in of(hists, BlockMetric::Unmatched) {
             let device = scrape.devices.name(id.dev);
             f.counter([("device", device), ("op", id.op.name())], h.count());
         }
         let mut f = enc.family(&LOST);
-        for (id, h) in self.of(BlockMetric::Lost) {
+        for (id, h) in of(hists, BlockMetric::Lost) {
             f.counter(labels(id), h.count());
         }
     }

@@ -6,9 +6,8 @@ use caps::{CapSet, Capability};
 
 use crate::{
     btf::{self, KernelBtf},
-    kernel_offsets,
-    probes::{self, Attach},
-    tracefs,
+    family::Attach,
+    kernel_offsets, probes, tracefs,
 };
 
 #[derive(Debug, PartialEq, Eq)]

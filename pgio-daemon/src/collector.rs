@@ -1,13 +1,12 @@
 //! One scrape: every registered source reads what it shows (its kernel maps, /sys, /proc)
 //! without holding the series lock, then each writes its metric families with the series'
-//! labels. A probe family registers one `Source` (in `main.rs`); it declares its families
-//! next to the code that fills them.
-use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
+//! labels. A scrape changes nothing but the block sweep's lost requests: moving provisional
+//! keys, deleting retired series' keys and freeing their ids is the once-a-second `pass`.
+//! A probe family hands `run` its `Source` (`family::Taken`); it declares its metric
+//! families next to the code that fills them.
+use std::sync::{
+    Mutex,
+    atomic::{AtomicUsize, Ordering},
 };
 
 use anyhow::Result;
@@ -17,7 +16,6 @@ use tracing::warn;
 use crate::{
     devices::Devices,
     exposition::{Encoder, Format},
-    key_quota::KeyQuota,
     labels::Labels,
     lock,
     provisional::Provisional,
@@ -28,8 +26,9 @@ pub trait Source: Send + Sync {
     /// What this source shows now. `routes` says where provisional series go.
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot>;
 
-    /// Moves the keys of provisional series classified since out of the kernel maps (see
-    /// `every_second`); only histogram sources have any.
+    /// Moves the keys of provisional series classified since out of the kernel maps, and
+    /// deletes those of retired series (see `Collector::pass`); only histogram sources have
+    /// any.
     fn fold(&self, _routes: &Provisional) -> Result<()> {
         Ok(())
     }
@@ -70,13 +69,12 @@ pub fn encode<'s>(
 
 pub struct Collector {
     tracked: SharedTracked,
-    /// One map-reading pass at a time (scrape or fold): a pass that deletes a retired series'
-    /// keys frees its id, and no other pass may still hold it as retired once it is reused.
+    /// One map-reading pass at a time (scrape or fold): a fold that deletes a retired
+    /// series' keys frees its id, and no scrape may still hold it as retired once it is
+    /// reused; a key moved out of a map must not be read twice.
     pass: Mutex<()>,
     devices: Mutex<Devices>,
     sources: Vec<Box<dyn Source>>,
-    /// Shares of the histogram maps, balanced once a second.
-    key_quota: Option<Arc<KeyQuota>>,
     /// Size of the last exposition: the next one is written without reallocating.
     last_len: AtomicUsize,
 }
@@ -88,23 +86,18 @@ impl Collector {
             pass: Mutex::new(()),
             devices: Mutex::new(devices),
             sources: Vec::new(),
-            key_quota: None,
             last_len: AtomicUsize::new(64 * 1024),
         }
     }
 
-    pub fn register(&mut self, source: impl Source + 'static) {
-        self.sources.push(Box::new(source));
-    }
-
-    pub fn set_key_quota(&mut self, quota: Arc<KeyQuota>) {
-        self.key_quota = Some(quota);
+    pub fn register(&mut self, source: Box<dyn Source>) {
+        self.sources.push(source);
     }
 
     /// /metrics in `format`.
     pub fn scrape(&self, format: Format) -> Vec<u8> {
         // A copy, so discovery is not held up while the maps are read; a process classified
-        // meanwhile is still pending here and folded at the next scrape.
+        // meanwhile is still pending here and shown at the next scrape.
         let pass = lock(&self.pass);
         let routes = lock(&self.tracked).provisional.clone();
         let mut devices = lock(&self.devices);
@@ -112,8 +105,8 @@ impl Collector {
         let snapshots: Vec<Box<dyn Snapshot>> =
             self.sources.iter().map(|s| s.read(&routes)).collect();
         let mut enc = Encoder::new(format, self.last_len.load(Ordering::Relaxed) + 4096);
-        let mut tracked = lock(&self.tracked);
-        tracked.free_retired(&routes.retired);
+        // Before the pass lock goes: no fold may free (and discovery reuse) an id in between.
+        let tracked = lock(&self.tracked);
         drop(pass);
         encode(
             snapshots.iter().map(|s| &**s),
@@ -126,21 +119,16 @@ impl Collector {
         out
     }
 
-    /// Once a second: moves the events of processes classified since the last pass out of
-    /// their provisional kernel keys (waiting for the next scrape would let them pile up:
-    /// under heavy connection churn, a thousand new backends a second and a 30 s scrape
-    /// interval, they could fill the histogram maps), then balances the maps' shares.
-    pub fn every_second(self: Arc<Collector>) {
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-            let _pass = lock(&self.pass);
-            self.fold();
-            if let Some(q) = &self.key_quota
-                && let Err(e) = q.balance()
-            {
-                warn!(error = format!("{e:#}"), "balancing the histogram maps");
-            }
-        }
+    /// One map pass (once a second, `run`): moves the events of processes classified since
+    /// the last pass out of their provisional kernel keys (waiting for a scrape would let them
+    /// pile up: under heavy connection churn, a thousand new backends a second and a 30 s
+    /// scrape interval, they could fill the histogram maps), deletes retired series' keys and
+    /// frees their ids, then runs `then` (the map shares' balance) before a scrape reads the
+    /// maps again.
+    pub fn pass(&self, then: impl FnOnce()) {
+        let _pass = lock(&self.pass);
+        self.fold();
+        then();
     }
 
     fn fold(&self) {

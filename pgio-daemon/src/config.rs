@@ -88,16 +88,6 @@ pub struct Config {
     pub http_max_connections: usize,
 }
 
-/// Keys of each histogram map (`hist_map_max_entries`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HistMapSizes {
-    pub block_io: u32,
-    pub syscall: u32,
-    pub query: u32,
-    /// `syscall_rows`.
-    pub syscall_rows: bool,
-}
-
 /// The file as written: every field optional, and where the checked values stand, for
 /// `file:line:` errors.
 #[derive(Deserialize)]
@@ -371,15 +361,10 @@ impl Config {
         }
     }
 
-    /// Sizes of the histogram maps as loaded (checked to fit a u32 by `parse`).
-    pub fn hist_map_sizes(&self) -> HistMapSizes {
-        let n = u32::try_from(self.hist_map_max_entries).unwrap_or(1 << 20);
-        HistMapSizes {
-            block_io: n,
-            syscall: n,
-            query: (n / 4).max(1024),
-            syscall_rows: self.syscall_rows,
-        }
+    /// `hist_map_max_entries` (checked to fit a u32 by `parse`): each family sizes its
+    /// histogram map from it.
+    pub fn hist_map_entries(&self) -> u32 {
+        u32::try_from(self.hist_map_max_entries).unwrap_or(1 << 20)
     }
 
     pub fn block_inflight_timeout(&self) -> Duration {

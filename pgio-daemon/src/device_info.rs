@@ -4,11 +4,11 @@ use pgio_common::block_io::{dev_major, dev_minor};
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
+    exposition::{Encoder, Kind, MetricFamily},
     provisional::Provisional,
 };
 
-static DEVICE_INFO: Family = Family {
+static DEVICE_INFO: MetricFamily = MetricFamily {
     name: "pgio_device_info",
     help: "Block devices seen by pgio, and Longhorn volume devices: name, kernel major:minor and the Longhorn volume it is, if any (value is always 1).",
     kind: Kind::Gauge,

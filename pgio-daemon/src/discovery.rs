@@ -20,7 +20,7 @@ use tracing::warn;
 
 use crate::{
     classifier::Classifier,
-    key_quota::KeyOwner,
+    key_owners::KeyOwner,
     lifecycle::{self, PostgresProbes},
     lock,
     proc_scan::classify_all,

@@ -36,7 +36,7 @@ pub enum Kind {
 /// A metric family, declared once next to the code that fills it. `name` has no `_total`:
 /// counter samples get it in both formats.
 #[derive(Debug)]
-pub struct Family {
+pub struct MetricFamily {
     pub name: &'static str,
     pub help: &'static str,
     pub kind: Kind,
@@ -145,7 +145,7 @@ impl Encoder {
     }
 
     /// Declares `family` (HELP and TYPE) and returns the writer of its samples.
-    pub fn family(&mut self, family: &'static Family) -> FamilyEncoder<'_> {
+    pub fn family(&mut self, family: &'static MetricFamily) -> FamilyEncoder<'_> {
         if self.format == Format::Protobuf {
             self.families.push(pb::MetricFamily {
                 // Protobuf names a counter family by its samples' name.
@@ -227,7 +227,7 @@ fn escape_help(out: &mut String, help: &str, format: Format) {
 /// The samples of one family.
 pub struct FamilyEncoder<'a> {
     enc: &'a mut Encoder,
-    family: &'static Family,
+    family: &'static MetricFamily,
 }
 
 impl FamilyEncoder<'_> {
@@ -348,12 +348,12 @@ fn counter(value: f64) -> pb::Counter {
 mod tests {
     use super::*;
 
-    static COUNTER: Family = Family {
+    static COUNTER: MetricFamily = MetricFamily {
         name: "pgio_x",
         help: "Things.",
         kind: Kind::Counter,
     };
-    static HIST: Family = Family {
+    static HIST: MetricFamily = MetricFamily {
         name: "pgio_h",
         help: "Lat.",
         kind: Kind::Histogram,

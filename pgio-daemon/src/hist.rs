@@ -1,7 +1,12 @@
-//! Log2 histograms summed over CPUs, and the one reader every histogram map goes through.
+//! The one reader every histogram map goes through (`HistReader`) and the one source that
+//! exports a family's histograms (`HistSource`, `HistSnapshot`). A family brings its key type
+//! (`HistKey`) and the histogram a key names (`HistId`), which writes the family's metrics.
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Mutex,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use anyhow::Result;
@@ -11,136 +16,114 @@ use aya::{
 };
 use pgio_common::{
     SeriesId,
-    hist::{Bucket, SLOTS},
-    key_quota::{HistMap, OWNER_SLOTS},
+    hist::Bucket,
+    key_quota::{OWNER_SLOTS, QuotaMap},
 };
-
 use tracing::warn;
 
+pub use crate::log2_hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds};
 use crate::{
-    key_quota::Balanced,
+    collector::{Scrape, Snapshot, Source},
+    exposition::Encoder,
     lock,
     maps::take_map,
     provisional::{Provisional, Route},
 };
 
-/// Smallest `le`: 2^10 ns ≈ 1 µs (everything faster is folded into it: a syscall takes longer).
-pub const MIN_SLOT: usize = 10;
-/// Largest finite `le`: 2^34 ns ≈ 17.2 s (everything slower goes to `+Inf` only).
-pub const MAX_SLOT: usize = 34;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Log2Hist {
-    pub slots: [u64; SLOTS],
-    pub sum_ns: u64,
-    pub bytes: u64,
-}
-
-impl Default for Log2Hist {
-    fn default() -> Self {
-        Log2Hist {
-            slots: [0; SLOTS],
-            sum_ns: 0,
-            bytes: 0,
-        }
-    }
-}
-
-impl Log2Hist {
-    /// Adds one map entry (already summed over CPUs or one CPU's share).
-    pub fn add(&mut self, slot: u8, b: &Bucket) {
-        let slot = (slot as usize).min(SLOTS - 1);
-        self.slots[slot] = self.slots[slot].wrapping_add(b.count);
-        self.sum_ns = self.sum_ns.wrapping_add(b.sum);
-        self.bytes = self.bytes.wrapping_add(b.bytes);
-    }
-
-    pub fn merge(&mut self, other: &Log2Hist) {
-        for (a, b) in self.slots.iter_mut().zip(other.slots.iter()) {
-            *a = a.wrapping_add(*b);
-        }
-        self.sum_ns = self.sum_ns.wrapping_add(other.sum_ns);
-        self.bytes = self.bytes.wrapping_add(other.bytes);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.slots.iter().sum()
-    }
-
-    pub fn sum_seconds(&self) -> f64 {
-        self.sum_ns as f64 * 1e-9
-    }
-
-    /// Non-cumulative counts of the exported buckets, `le = 2^k ns` for k in
-    /// MIN_SLOT..=MAX_SLOT, then `+Inf`. Slot k holds (2^(k-1), 2^k] ns, so each slot maps onto
-    /// exactly one bucket and nothing is re-binned.
-    pub fn bucket_counts(&self) -> impl Iterator<Item = u64> + '_ {
-        let below: u64 = self.slots[..=MIN_SLOT].iter().sum();
-        let above: u64 = self.slots[MAX_SLOT + 1..].iter().sum();
-        std::iter::once(below)
-            .chain(self.slots[MIN_SLOT + 1..=MAX_SLOT].iter().copied())
-            .chain(std::iter::once(above))
-    }
-}
-
-pub fn le_seconds(slot: usize) -> f64 {
-    (1u64 << slot) as f64 * 1e-9
-}
-
 /// A histogram map's key: the series it books, its log2 slot, and the rest, which names one
 /// exported histogram.
 pub trait HistKey: aya::Pod + Eq + std::hash::Hash + Send {
-    type Id: Ord + Copy;
+    type Id: HistId;
     fn series(&self) -> SeriesId;
     fn slot(&self) -> u8;
-    /// The histogram this key's slot belongs to, booked under `series`.
-    fn id(&self, series: SeriesId) -> Self::Id;
-    /// The series a histogram is booked under.
-    fn series_of(id: &Self::Id) -> SeriesId;
+    /// The histogram this key's slot belongs to, booked under `series`; `None` for a value
+    /// no variant has (`pgio_common::abi::UnknownValue`): such keys are left out.
+    fn id(&self, series: SeriesId) -> Option<Self::Id>;
+}
+
+/// One exported histogram of a family (series plus the family's own labels).
+pub trait HistId: Ord + Copy + Send + Sync + 'static {
+    /// The series it is booked under.
+    fn series(&self) -> SeriesId;
+    /// Writes the family's metric families from one scrape's histograms.
+    fn encode(hists: &Hists<Self>, scrape: &mut Scrape<'_>, enc: &mut Encoder);
 }
 
 pub type Hists<Id> = BTreeMap<Id, Log2Hist>;
 
+/// A family's histogram map: its name in the object, and its place in the key quota.
+#[derive(Debug)]
+pub struct HistMapSpec {
+    /// The family (`pgio_hist_map_*{map}`).
+    pub family: &'static str,
+    /// The map's name in the eBPF object.
+    pub map: &'static str,
+    pub quota: QuotaMap,
+}
+
+/// A histogram map under quota (`key_quota`).
+pub trait Balanced: Send + Sync {
+    fn spec(&self) -> &'static HistMapSpec;
+    fn max_entries(&self) -> u32;
+    /// Keys per owner slot.
+    fn count_owners(&self, owner_of: &dyn Fn(SeriesId) -> u8) -> Result<Vec<u32>>;
+    /// Moves up to `want[slot]` keys of each slot out of the kernel map into userspace;
+    /// returns how many per slot.
+    fn evict(&self, owner_of: &dyn Fn(SeriesId) -> u8, want: &[u32]) -> Result<Vec<u32>>;
+}
+
 /// Reads one per-CPU histogram map: sums the CPUs and gathers slots into histograms. Keys of
 /// provisional series (see `provisional`) are left in the map while their process is being
 /// classified, then moved into the series it was classified as: deleted from the kernel map
-/// and kept in `carry`, so every exported series stays monotonic.
+/// and kept in `carry`, so every exported series stays monotonic. Scrapes only read
+/// (`peek`); the once-a-second pass moves and deletes (`fold`).
 pub struct HistReader<K: HistKey> {
-    /// The map's name, for log messages.
-    name: &'static str,
-    quota: HistMap,
+    spec: &'static HistMapSpec,
     max_entries: u32,
     map: Mutex<PerCpuHashMap<MapData, K, Bucket>>,
     carry: Mutex<Hists<K::Id>>,
     /// Counts userspace books under a kernel key (`book`, `evict`): they take the same routes
     /// as the map's entries.
     booked: Mutex<HashMap<K, Bucket>>,
+    /// A key with a value no variant has was seen (logged once).
+    unknown_seen: AtomicBool,
 }
 
 impl<K: HistKey> HistReader<K> {
-    /// Takes the histogram map `name` (`max_entries` as loaded) out of the loaded object.
+    /// Takes the histogram map of `spec` (`max_entries` as loaded) out of the loaded object.
     pub fn take(
         ebpf: &mut Ebpf,
-        name: &'static str,
-        quota: HistMap,
+        spec: &'static HistMapSpec,
         max_entries: u32,
     ) -> Result<HistReader<K>> {
         Ok(HistReader {
-            name,
-            quota,
+            spec,
             max_entries,
-            map: Mutex::new(take_map(ebpf, name)?),
+            map: Mutex::new(take_map(ebpf, spec.map)?),
             carry: Mutex::default(),
             booked: Mutex::default(),
+            unknown_seen: AtomicBool::new(false),
         })
     }
 
-    /// `read` for a scrape: a map that cannot be read is logged and exported empty, so the
-    /// other families still are.
-    pub fn read_or_empty(&self, routes: &Provisional) -> Hists<K::Id> {
-        self.read(routes).unwrap_or_else(|e| {
+    fn id(&self, key: &K, series: SeriesId) -> Option<K::Id> {
+        let id = key.id(series);
+        if id.is_none() && !self.unknown_seen.swap(true, Ordering::Relaxed) {
             warn!(
-                map = self.name,
+                map = self.spec.map,
+                "keys with values this pgio-daemon does not know are left out (an eBPF object \
+                 from another build?)"
+            );
+        }
+        id
+    }
+
+    /// `peek` for a scrape: a map that cannot be read is logged and exported empty, so the
+    /// other families still are.
+    pub fn peek_or_empty(&self, routes: &Provisional) -> Hists<K::Id> {
+        self.peek(routes).unwrap_or_else(|e| {
+            warn!(
+                map = self.spec.map,
                 error = format!("{e:#}"),
                 "reading a histogram map"
             );
@@ -154,55 +137,78 @@ impl<K: HistKey> HistReader<K> {
         add_bucket(lock(&self.booked).entry(key).or_default(), &b);
     }
 
-    pub fn read(&self, routes: &Provisional) -> Result<Hists<K::Id>> {
+    /// Every histogram as a scrape shows it, changing nothing: keys of a classified
+    /// provisional series count under the series it was classified as, retired series are
+    /// left out.
+    pub fn peek(&self, routes: &Provisional) -> Result<Hists<K::Id>> {
+        let mut out = Hists::new();
+        let mut add = |key: &K, b: &mut dyn Iterator<Item = &Bucket>| {
+            let series = match routes.route(key.series()) {
+                Route::Own => key.series(),
+                Route::Fold(series) => series,
+                Route::Pending | Route::Retired => return,
+            };
+            if let Some(id) = self.id(key, series) {
+                let h = out.entry(id).or_default();
+                for b in b {
+                    h.add(key.slot(), b);
+                }
+            }
+        };
+        for entry in lock(&self.map).iter() {
+            let (key, per_cpu) = entry?;
+            add(&key, &mut per_cpu.iter());
+        }
+        for (key, b) in lock(&self.booked).iter() {
+            add(key, &mut std::iter::once(b));
+        }
+        for (id, h) in lock(&self.carry).iter() {
+            if !routes.retired.contains(&id.series()) {
+                out.entry(*id).or_default().merge(h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves the keys of classified provisional series into `carry` and deletes them, and
+    /// those of retired series, from the kernel map (the once-a-second pass).
+    pub fn fold(&self, routes: &Provisional) -> Result<()> {
         let mut map = lock(&self.map);
         let mut carry = lock(&self.carry);
-        let mut out = Hists::new();
-        let mut removed = Vec::new();
-        for entry in map.iter() {
-            let (key, per_cpu) = entry?;
-            let h = match routes.route(key.series()) {
-                Route::Own => out.entry(key.id(key.series())),
-                Route::Pending => continue,
+        let keys: Vec<K> = map.keys().collect::<Result<_, _>>()?;
+        for key in keys {
+            match routes.route(key.series()) {
+                Route::Own | Route::Pending => continue,
                 Route::Fold(series) => {
-                    removed.push(key);
-                    carry.entry(key.id(series))
+                    // Gone already is fine: nothing else deletes, and a late event recreates it.
+                    let Ok(per_cpu) = map.get(&key, 0) else {
+                        continue;
+                    };
+                    if let Some(id) = self.id(&key, series) {
+                        let h = carry.entry(id).or_default();
+                        for b in per_cpu.iter() {
+                            h.add(key.slot(), b);
+                        }
+                    }
                 }
-                Route::Retired => {
-                    removed.push(key);
-                    continue;
-                }
+                Route::Retired => {}
             }
-            .or_default();
-            for b in per_cpu.iter() {
-                h.add(key.slot(), b);
-            }
-        }
-        for key in &removed {
-            // Gone already is fine: nothing else deletes, and a late event recreates it.
-            let _ = map.remove(key);
+            let _ = map.remove(&key);
         }
         lock(&self.booked).retain(|key, b| match routes.route(key.series()) {
-            Route::Own => {
-                out.entry(key.id(key.series()))
-                    .or_default()
-                    .add(key.slot(), b);
-                true
-            }
-            Route::Pending => true,
+            Route::Own | Route::Pending => true,
             Route::Fold(series) => {
-                carry.entry(key.id(series)).or_default().add(key.slot(), b);
+                if let Some(id) = self.id(key, series) {
+                    carry.entry(id).or_default().add(key.slot(), b);
+                }
                 false
             }
             Route::Retired => false,
         });
         if !routes.retired.is_empty() {
-            carry.retain(|id, _| !routes.retired.contains(&K::series_of(id)));
+            carry.retain(|id, _| !routes.retired.contains(&id.series()));
         }
-        for (id, h) in carry.iter() {
-            out.entry(*id).or_default().merge(h);
-        }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -212,12 +218,9 @@ fn add_bucket(sum: &mut Bucket, b: &Bucket) {
     sum.bytes = sum.bytes.wrapping_add(b.bytes);
 }
 
-impl<K: HistKey + 'static> Balanced for HistReader<K>
-where
-    K::Id: Send,
-{
-    fn quota(&self) -> HistMap {
-        self.quota
+impl<K: HistKey + 'static> Balanced for HistReader<K> {
+    fn spec(&self) -> &'static HistMapSpec {
+        self.spec
     }
 
     fn max_entries(&self) -> u32 {
@@ -267,59 +270,51 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use pgio_common::hist::slot;
+/// One scrape's histograms of a family.
+#[derive(Debug)]
+pub struct HistSnapshot<Id>(pub Hists<Id>);
 
-    fn observe(h: &mut Log2Hist, ns: u64) {
-        h.add(
-            slot(ns),
-            &Bucket {
-                count: 1,
-                sum: ns,
-                bytes: 0,
-            },
-        );
+impl<Id> Default for HistSnapshot<Id> {
+    fn default() -> Self {
+        HistSnapshot(Hists::new())
+    }
+}
+
+impl<Id: HistId> Snapshot for HistSnapshot<Id> {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        Id::encode(&self.0, scrape, enc)
+    }
+}
+
+/// A family whose map to read is its histogram map: read at each scrape, folded once a
+/// second.
+pub struct HistSource<K: HistKey> {
+    pub reader: Arc<HistReader<K>>,
+}
+
+impl<K: HistKey + 'static> HistSource<K> {
+    pub fn take(
+        ebpf: &mut Ebpf,
+        spec: &'static HistMapSpec,
+        max_entries: u32,
+    ) -> Result<HistSource<K>> {
+        Ok(HistSource {
+            reader: Arc::new(HistReader::take(ebpf, spec, max_entries)?),
+        })
     }
 
-    #[test]
-    fn buckets_are_upper_inclusive_powers_of_two_in_seconds() {
-        let mut h = Log2Hist::default();
-        observe(&mut h, 100); // below 1.024 µs: first bucket
-        observe(&mut h, 1 << 20); // exactly 2^20 ns: le=2^20
-        observe(&mut h, (1 << 20) + 1); // just above: le=2^21
-        observe(&mut h, 1 << 40); // beyond 2^34: only +Inf
-        let b: Vec<(f64, u64)> = (MIN_SLOT..=MAX_SLOT)
-            .map(le_seconds)
-            .chain([f64::INFINITY])
-            .zip(h.bucket_counts())
-            .collect();
-        assert_eq!(b.len(), MAX_SLOT - MIN_SLOT + 2);
-        assert_eq!(b[0], (1024e-9, 1));
-        let at = |k: usize| b[k - MIN_SLOT];
-        assert!((at(20).0 - 0.001048576).abs() < 1e-15);
-        assert_eq!(at(20).1, 1);
-        assert_eq!(at(21).1, 1);
-        assert_eq!(b.last(), Some(&(f64::INFINITY, 1)));
-        assert_eq!(b.iter().map(|x| x.1).sum::<u64>(), h.count());
-        assert_eq!(h.count(), 4);
-        assert_eq!(h.sum_ns, 100 + (1 << 20) + (1 << 20) + 1 + (1 << 40));
-        assert!((h.sum_seconds() - h.sum_ns as f64 * 1e-9).abs() < 1e-12);
+    /// The histogram map, for `key_quota`.
+    pub fn balanced(&self) -> Arc<dyn Balanced> {
+        self.reader.clone()
+    }
+}
+
+impl<K: HistKey + 'static> Source for HistSource<K> {
+    fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
+        Box::new(HistSnapshot(self.reader.peek_or_empty(routes)))
     }
 
-    #[test]
-    fn adding_per_cpu_shares_sums_them() {
-        let mut h = Log2Hist::default();
-        let b = Bucket {
-            count: 3,
-            sum: 30,
-            bytes: 8192,
-        };
-        h.add(5, &b);
-        h.add(5, &b);
-        assert_eq!(h.slots[5], 6);
-        assert_eq!(h.sum_ns, 60);
-        assert_eq!(h.bytes, 16384);
+    fn fold(&self, routes: &Provisional) -> Result<()> {
+        self.reader.fold(routes)
     }
 }

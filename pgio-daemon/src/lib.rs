@@ -2,8 +2,9 @@
 //! the userspace hot spots (classifier, /proc scan, exposition).
 //!
 //! Data path: probes (pgio-ebpf) → kernel maps → a `collector::Source` per probe family
-//! (`block_io`, `syscall`) → `exposition` → `/metrics`; `discovery` (with `lifecycle` and
-//! the `classifier`) keeps the kernel's `tgid → series` map (`series`) current.
+//! (`families::FAMILIES`: `block_io`, `syscall`, `query`, `lifecycle`; the contract is
+//! `family`) → `exposition` → `/metrics`; `discovery` (with `lifecycle` and the
+//! `classifier`) keeps the kernel's `tgid → series` map (`series`) current.
 use std::sync::{Mutex, MutexGuard};
 
 pub mod block_io;
@@ -16,14 +17,18 @@ pub mod device_info;
 pub mod devices;
 pub mod discovery;
 pub mod exposition;
+pub mod families;
+pub mod family;
 pub mod health;
 pub mod hist;
 pub mod http;
 pub mod http_server;
 pub mod kernel_offsets;
+pub mod key_owners;
 pub mod key_quota;
 pub mod labels;
 pub mod lifecycle;
+pub mod log2_hist;
 pub mod maps;
 pub mod native;
 pub mod pods;
@@ -33,6 +38,7 @@ pub mod proc_scan;
 pub mod provisional;
 pub mod query;
 pub mod reclassify;
+pub mod run;
 pub mod self_metrics;
 pub mod series;
 pub mod syscall;

@@ -23,12 +23,48 @@ use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent};
 use tracing::{debug, info, warn};
 
 use crate::{
+    family::{Attach, Family, Probe, Taken},
     lock,
     maps::take_map,
-    probes::{Attach, POSTGRES_BINARY, ProbeFamily},
 };
 
 const RING_MAP: &str = "LIFECYCLE";
+
+/// The lifecycle family (`Family`): fork, exec, exit and PostgreSQL's titles, for discovery
+/// (which takes the ring itself: `take_ring`).
+pub struct LifecycleFamily;
+
+impl Family for LifecycleFamily {
+    fn name(&self) -> &'static str {
+        "lifecycle"
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        vec![
+            Probe::new("sched_process_fork", Attach::BtfTracePoint, false),
+            Probe::new("sched_process_exec", Attach::TracePoint("sched"), false),
+            Probe::new("sched_process_exit", Attach::TracePoint("sched"), false),
+            // PostgreSQL's `init_ps_display` returns with the title written (program and
+            // function share the name). Without it, a new backend is classified from /proc
+            // a few ms after fork.
+            Probe::new(
+                "init_ps_display",
+                Attach::URetProbeLater {
+                    function: "init_ps_display",
+                },
+                true,
+            ),
+        ]
+    }
+
+    fn maps(&self) -> &'static [&'static str] {
+        &[RING_MAP, "TITLES_SENT"]
+    }
+
+    fn take(&self, _: &mut Ebpf, _: &crate::config::Config) -> Result<Taken> {
+        Ok(Taken::default())
+    }
+}
 
 pub fn take_ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
     take_map(ebpf, RING_MAP)
@@ -98,8 +134,8 @@ enum BinaryProbes {
     Refused,
 }
 
-/// Attaches the probes on PostgreSQL's own functions (the title uretprobe, the query uprobe:
-/// `probes::POSTGRES_BINARY`) to each distinct postgres executable the first time one of its
+/// Attaches the probes on PostgreSQL's own functions (the title uretprobe, the query uprobes:
+/// `probes::per_binary`) to each distinct postgres executable the first time one of its
 /// postmasters is seen, and detaches them (closing their fds) once no postmaster runs it
 /// (`prune`, at each rescan). At most `max_binaries` binaries hold probes at once; binaries
 /// not owned by root get at most three quarters of them, so that processes of unprivileged
@@ -107,8 +143,8 @@ enum BinaryProbes {
 pub struct PostgresProbes {
     ebpf: Arc<Mutex<Ebpf>>,
     binaries: HashMap<BinaryId, Binary>,
-    /// `query_probes` in the config.
-    queries: bool,
+    /// The programs attached to each binary.
+    probes: Vec<Probe>,
     /// `max_postgres_binaries` in the config.
     max_binaries: usize,
     stats: Arc<PostgresProbeStats>,
@@ -117,14 +153,14 @@ pub struct PostgresProbes {
 impl PostgresProbes {
     pub fn new(
         ebpf: Arc<Mutex<Ebpf>>,
-        queries: bool,
+        probes: Vec<Probe>,
         max_binaries: usize,
         stats: Arc<PostgresProbeStats>,
     ) -> PostgresProbes {
         PostgresProbes {
             ebpf,
             binaries: HashMap::new(),
-            queries,
+            probes,
             max_binaries,
             stats,
         }
@@ -154,7 +190,7 @@ impl PostgresProbes {
             None => false,
         };
         let probes = if self.has_room(meta.uid()) {
-            let links = attach_binary(&self.ebpf, &file, pid, self.queries);
+            let links = attach_binary(&self.ebpf, &self.probes, &file, pid);
             if !links.is_empty() {
                 self.stats.binaries_attached.fetch_add(1, Ordering::Relaxed);
             }
@@ -221,12 +257,12 @@ impl PostgresProbes {
     }
 }
 
-/// Attaches `probes::POSTGRES_BINARY` to the executable open as `file`; returns the links.
+/// Attaches `probes` to the executable open as `file`; returns the links.
 fn attach_binary(
     ebpf: &Mutex<Ebpf>,
+    probes: &[Probe],
     file: &std::fs::File,
     pid: u32,
-    queries: bool,
 ) -> Vec<(&'static str, UProbeLinkId)> {
     use std::os::unix::io::AsRawFd;
     let exe = format!("/proc/self/fd/{}", file.as_raw_fd());
@@ -235,10 +271,7 @@ fn attach_binary(
         .unwrap_or_default();
     let mut links = Vec::new();
     let mut ebpf = lock(ebpf);
-    for probe in POSTGRES_BINARY {
-        if probe.family == ProbeFamily::Query && !queries {
-            continue;
-        }
+    for probe in probes {
         let (Attach::URetProbeLater { function } | Attach::UProbeLater { function }) = probe.attach
         else {
             continue;

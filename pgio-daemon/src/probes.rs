@@ -2,153 +2,62 @@
 //! programs, attaches every program. A program that cannot attach (its hook is missing on this
 //! kernel) is reported, exported as `pgio_probe_attached{program} 0`, and the rest keeps
 //! working.
-use std::borrow::Cow;
-
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     programs::{BtfTracePoint, FEntry, FExit, TracePoint, UProbe},
 };
-use pgio_common::{kernel_offsets::KernelOffsets, syscall::Syscall};
+use pgio_common::{kernel_offsets::KernelOffsets, key_quota::OWNER_SLOTS};
 use tracing::{info, warn};
 
 use crate::{
-    block_io, btf::KernelBtf, config::HistMapSizes, kernel_offsets, query, series, syscall,
+    btf::KernelBtf,
+    config::Config,
+    families::FAMILIES,
+    family::{Attach, Probe},
+    kernel_offsets, series,
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pgio"));
 
-/// How a program attaches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attach {
-    /// `tp_btf/<program>`
-    BtfTracePoint,
-    /// `tracepoint/<category>/<program>`
-    TracePoint(&'static str),
-    /// A uretprobe on `function`, loaded now and attached to each postgres binary as it is
-    /// found (`lifecycle::PostgresProbes`).
-    URetProbeLater { function: &'static str },
-    /// A uprobe on `function`'s entry, attached like `URetProbeLater`.
-    UProbeLater { function: &'static str },
+/// The eBPF object this daemon loads (empty when built with `AYA_BUILD_SKIP`).
+pub fn object() -> &'static [u8] {
+    OBJECT
 }
 
-/// The probe family a program belongs to: its kernel side is `pgio-ebpf/src/<family>.rs`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProbeFamily {
-    BlockIo,
-    Syscall,
-    Lifecycle,
-    Query,
-}
+/// Maps of the kernel side that belong to no family: the series map (`series`), the drop
+/// counters (`self_metrics`), the key quota (`key_quota`) and the benchmark's floor.
+pub const CORE_MAPS: &[&str] = &[
+    series::TRACKED_MAP,
+    series::CHILD_SERIES_MAP,
+    crate::self_metrics::DROPS_MAP,
+    crate::key_owners::SERIES_OWNER_MAP,
+    crate::key_quota::ALLOWANCE_MAP,
+    crate::key_quota::REFUSED_MAP,
+    crate::key_quota::ON_MAP,
+    "PART_TID_HASH",
+    "PART_HASH",
+    "PART_ARRAY",
+    "PART_TID",
+];
 
-#[derive(Clone, Debug)]
-pub struct Probe {
-    /// The program's name in the eBPF object (= its tracepoint's name).
-    pub program: Cow<'static, str>,
-    pub attach: Attach,
-    /// pgio still works on kernels without its hook, with less.
-    pub optional: bool,
-    pub family: ProbeFamily,
-}
+/// Globals of the kernel side that belong to no family.
+pub const CORE_GLOBALS: &[&str] = &[kernel_offsets::GLOBAL];
 
-const fn probe(
-    program: &'static str,
-    attach: Attach,
-    optional: bool,
-    family: ProbeFamily,
-) -> Probe {
-    Probe {
-        program: Cow::Borrowed(program),
-        attach,
-        optional,
-        family,
-    }
-}
-
-/// PostgreSQL's `init_ps_display` returns with the title written (program and function share
-/// the name). Without it, a new backend is classified from /proc a few ms after fork.
-pub const TITLE: Probe = probe(
-    "init_ps_display",
-    Attach::URetProbeLater {
-        function: "init_ps_display",
-    },
-    true,
-    ProbeFamily::Lifecycle,
-);
-
-/// PostgreSQL reports each change of `pg_stat_activity.state` through
-/// `pgstat_report_activity`: a query runs from `active` to the next idle state. Without it,
-/// no query metrics.
-pub const QUERY: Probe = probe(
-    "pgstat_report_activity",
-    Attach::UProbeLater {
-        function: "pgstat_report_activity",
-    },
-    true,
-    ProbeFamily::Query,
-);
-
-/// PostgreSQL 18's wait for an asynchronous IO (with `io_method = worker` an io worker does the
-/// read): its time is the query's IO time. Absent before 18.
-pub const QUERY_IO_WAIT: Probe = probe(
-    "pgaio_wref_wait",
-    Attach::UProbeLater {
-        function: "pgaio_wref_wait",
-    },
-    true,
-    ProbeFamily::Query,
-);
-pub const QUERY_IO_WAIT_RETURN: Probe = probe(
-    "pgaio_wref_wait_return",
-    Attach::URetProbeLater {
-        function: "pgaio_wref_wait",
-    },
-    true,
-    ProbeFamily::Query,
-);
-
-/// The probes attached to each postgres binary rather than at start.
-pub const POSTGRES_BINARY: [Probe; 4] = [TITLE, QUERY, QUERY_IO_WAIT, QUERY_IO_WAIT_RETURN];
-
-const SCHED_SWITCH: &str = "sched_switch";
-
-/// Every program pgio loads. Loading, `pgio-daemon check` and `pgio_probe_attached` read this.
+/// Every program pgio loads, family by family. Loading, `pgio-daemon check` and
+/// `pgio_probe_attached` read this.
 pub fn table() -> Vec<Probe> {
-    use Attach::{BtfTracePoint, TracePoint};
-    use ProbeFamily::{BlockIo, Lifecycle};
-    let mut table = vec![
-        // Kernel >= 6.5; before it the submitter comes from insert/issue.
-        probe("block_io_start", BtfTracePoint, true, BlockIo),
-        probe("block_rq_insert", BtfTracePoint, false, BlockIo),
-        probe("block_rq_issue", BtfTracePoint, false, BlockIo),
-        probe("block_rq_requeue", BtfTracePoint, false, BlockIo),
-        probe("block_rq_complete", BtfTracePoint, false, BlockIo),
-        // Bio-based disks (dm-N, md, zram): without them only the disks below are seen.
-        probe("block_bio_queue", BtfTracePoint, true, BlockIo),
-        probe("block_bio_complete", BtfTracePoint, true, BlockIo),
-        probe("sched_process_fork", BtfTracePoint, false, Lifecycle),
-        probe("sched_process_exec", TracePoint("sched"), false, Lifecycle),
-        probe("sched_process_exit", TracePoint("sched"), false, Lifecycle),
-        // Tells the syscall programs that another thread runs and moves a switched-out
-        // thread's pending syscall start off its CPU; before them in this table.
-        probe(SCHED_SWITCH, BtfTracePoint, false, ProbeFamily::Syscall),
-        TITLE,
-        QUERY,
-        QUERY_IO_WAIT,
-        QUERY_IO_WAIT_RETURN,
-    ];
-    for sc in Syscall::ALL {
-        for dir in ["enter", "exit"] {
-            table.push(Probe {
-                program: format!("sys_{dir}_{}", sc.name()).into(),
-                attach: TracePoint("syscalls"),
-                // futex_waitv appeared in 5.16.
-                optional: sc == Syscall::FutexWaitv,
-                family: ProbeFamily::Syscall,
-            });
-        }
-    }
-    table
+    FAMILIES.iter().flat_map(|f| f.probes()).collect()
+}
+
+/// The uprobes attached to each postgres binary, of the families `config` turns on.
+pub fn per_binary(config: &Config) -> Vec<Probe> {
+    FAMILIES
+        .iter()
+        .filter(|f| f.enabled(config))
+        .flat_map(|f| f.probes())
+        .filter(|p| p.attach.is_per_binary())
+        .collect()
 }
 
 #[derive(Clone, Debug)]
@@ -185,7 +94,17 @@ pub enum FloorHooks {
     Parts,
 }
 
-const FLOOR_PARTS: [&str; 7] = [
+/// The floor's programs, for the object test.
+pub const FLOOR_PROGRAMS: &[&str] = &[
+    "floor_sys_enter_pread64",
+    "floor_sys_exit_pread64",
+    "floor_fentry_pread64",
+    "floor_fexit_pread64",
+    "floor_tp_btf_sys_enter",
+    "floor_tp_btf_sys_exit",
+];
+
+pub const FLOOR_PARTS: [&str; 7] = [
     "part_pid_tgid",
     "part_tracked",
     "part_tid_array",
@@ -198,11 +117,7 @@ const FLOOR_PARTS: [&str; 7] = [
 /// Benchmark floor: only the `hooks` programs are attached.
 pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
     require_object()?;
-    let mut ebpf = load(
-        &KernelOffsets::default(),
-        false,
-        crate::config::Config::default().hist_map_sizes(),
-    )?;
+    let mut ebpf = load(&KernelOffsets::default(), &Config::default())?;
     match hooks {
         FloorHooks::Tracepoint => {
             for dir in ["enter", "exit"] {
@@ -264,50 +179,52 @@ fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> Result<()
 }
 
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
-/// is attached).
-fn load(offsets: &KernelOffsets, query_probes: bool, hist: HistMapSizes) -> Result<Ebpf> {
+/// is attached): every family's map sizes and globals from `config`.
+fn load(offsets: &KernelOffsets, config: &Config) -> Result<Ebpf> {
     // One slot per pid: the tgid-indexed array must reach pid_max.
     let pid_max = procfs::sys::kernel::pid_max()
         .ok()
         .and_then(|p| u32::try_from(p).ok())
         .unwrap_or(pgio_common::PID_MAX_LIMIT)
         .min(pgio_common::PID_MAX_LIMIT);
-    EbpfLoader::new()
+    let setups: Vec<_> = FAMILIES.iter().map(|f| f.setup(config)).collect();
+    // The key quota's arrays hold one row of owners per histogram map.
+    let quota_rows = FAMILIES.iter().filter(|f| f.hist_map().is_some()).count() as u32;
+    let mut loader = EbpfLoader::new();
+    loader
         .override_global(kernel_offsets::GLOBAL, offsets, true)
-        .override_global(query::ENABLED_GLOBAL, &u8::from(query_probes), true)
-        .override_global(syscall::ROWS_GLOBAL, &u8::from(hist.syscall_rows), true)
         .map_max_entries(series::TRACKED_MAP, pid_max)
-        .map_max_entries(block_io::HIST_MAP, hist.block_io)
-        .map_max_entries(syscall::HIST_MAP, hist.syscall)
-        .map_max_entries(query::HIST_MAP, hist.query)
-        .load(OBJECT)
-        .context("loading the eBPF object")
+        .map_max_entries(crate::key_quota::ALLOWANCE_MAP, quota_rows * OWNER_SLOTS)
+        .map_max_entries(crate::key_quota::REFUSED_MAP, quota_rows * OWNER_SLOTS);
+    for setup in &setups {
+        for (map, size) in &setup.map_sizes {
+            loader.map_max_entries(map, *size);
+        }
+        for (global, value) in &setup.globals {
+            loader.override_global(global, value.as_slice(), true);
+        }
+    }
+    loader.load(OBJECT).context("loading the eBPF object")
 }
 
-/// `query_probes`: whether the syscall exits keep the query bookkeeping (see `query`).
-pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes> {
+/// Loads the object for `config` and attaches every program of the table it can.
+pub fn load_and_attach(config: &Config) -> Result<Probes> {
     require_object()?;
     let btf = KernelBtf::open()?;
     let offsets = kernel_offsets::from_btf(&btf).context("reading struct offsets from BTF")?;
-    let mut ebpf = load(&offsets, query_probes, hist)?;
+    let mut ebpf = load(&offsets, config)?;
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status: Vec<ProbeStatus> = Vec::new();
     for probe in table() {
-        // The syscall programs learn from `sched_switch` that another thread runs: without
-        // it they would book one thread's calls on another's series, so they stay off.
-        let switch_missing = probe.family == ProbeFamily::Syscall
-            && probe.program != SCHED_SWITCH
-            && status
-                .iter()
-                .any(|s| s.program == SCHED_SWITCH && !s.attached);
-        let result = if switch_missing {
-            Err(anyhow::anyhow!(
-                "tp_btf/{SCHED_SWITCH}, which tells the syscall programs that another thread \
-                 runs, is not attached"
-            ))
-        } else {
-            attach_one(&mut ebpf, &aya_btf, &probe, &offsets)
+        let missing = probe
+            .requires
+            .filter(|needed| !status.iter().any(|s| s.program == *needed && s.attached));
+        let result = match missing {
+            Some(needed) => Err(anyhow::anyhow!(
+                "{needed}, which this program needs, is not attached"
+            )),
+            None => attach_one(&mut ebpf, &aya_btf, &probe, &offsets),
         };
         let program = probe.program.into_owned();
         match &result {
@@ -322,11 +239,14 @@ pub fn load_and_attach(query_probes: bool, hist: HistMapSizes) -> Result<Probes>
     Ok(Probes { ebpf, status })
 }
 
+/// A program of the object that no row names: `block_bio_queue`'s twin.
+pub const TWIN_PROGRAMS: &[&str] = &["block_bio_queue_before_5_11"];
+
 /// The object's program for a row of the table: `block_bio_queue` has a twin for kernels
 /// whose hook still takes the queue first (< 5.11).
 fn object_program<'a>(name: &'a str, offsets: &KernelOffsets) -> &'a str {
     if name == "block_bio_queue" && offsets.block_bio_arg == 1 {
-        "block_bio_queue_before_5_11"
+        TWIN_PROGRAMS[0]
     } else {
         name
     }

@@ -1,28 +1,98 @@
 //! Userspace side of the query probe: reads `QUERY_HIST` at scrape time and writes
 //! `pgio_query_seconds`, `pgio_query_io_seconds`, `pgio_query_read_miss_seconds` and
 //! `pgio_query_cache_misses_total`.
-use std::sync::Arc;
-
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
-    key_quota::HistMap,
-    query::{QueryKey, QueryMetric},
+    query::{QUOTA, QueryKey, QueryMetric},
 };
 
 use crate::{
-    collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
-    hist::{HistKey, HistReader, Hists},
-    key_quota::Balanced,
+    collector::Scrape,
+    config::Config,
+    exposition::{Encoder, Kind, MetricFamily},
+    family::{Attach, Family, Probe, Setup, Taken},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists},
     labels::WithLabels,
-    provisional::Provisional,
 };
 
-pub const HIST_MAP: &str = "QUERY_HIST";
+pub static HIST: HistMapSpec = HistMapSpec {
+    family: "query",
+    map: "QUERY_HIST",
+    quota: QUOTA,
+};
 /// The eBPF global that turns the syscall exits' query bookkeeping on (`query_probes`).
-pub const ENABLED_GLOBAL: &str = "QUERY_PROBES";
+const ENABLED_GLOBAL: &str = "QUERY_PROBES";
+
+/// The query family (`Family`): uprobes on PostgreSQL, attached per binary.
+pub struct QueryFamily;
+
+impl Family for QueryFamily {
+    fn name(&self) -> &'static str {
+        "query"
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        let uprobe = |function| Attach::UProbeLater { function };
+        vec![
+            // PostgreSQL reports each change of `pg_stat_activity.state` through
+            // `pgstat_report_activity`: a query runs from `active` to the next idle state.
+            // Without it, no query metrics.
+            Probe::new(
+                "pgstat_report_activity",
+                uprobe("pgstat_report_activity"),
+                true,
+            ),
+            // PostgreSQL 18's wait for an asynchronous IO (with `io_method = worker` an io
+            // worker does the read): its time is the query's IO time. Absent before 18.
+            Probe::new("pgaio_wref_wait", uprobe("pgaio_wref_wait"), true),
+            Probe::new(
+                "pgaio_wref_wait_return",
+                Attach::URetProbeLater {
+                    function: "pgaio_wref_wait",
+                },
+                true,
+            ),
+        ]
+    }
+
+    fn maps(&self) -> &'static [&'static str] {
+        &["QUERY_HIST", "QUERY"]
+    }
+
+    fn globals(&self) -> &'static [&'static str] {
+        &[ENABLED_GLOBAL]
+    }
+
+    fn hist_map(&self) -> Option<&'static HistMapSpec> {
+        Some(&HIST)
+    }
+
+    fn setup(&self, config: &Config) -> Setup {
+        Setup {
+            map_sizes: vec![(HIST.map, entries(config))],
+            globals: vec![(ENABLED_GLOBAL, vec![u8::from(config.query_probes)])],
+        }
+    }
+
+    fn enabled(&self, config: &Config) -> bool {
+        config.query_probes
+    }
+
+    fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
+        let hists = HistSource::<QueryKey>::take(ebpf, &HIST, entries(config))?;
+        Ok(Taken {
+            balanced: Some(hists.balanced()),
+            source: Some(Box::new(hists)),
+        })
+    }
+}
+
+/// A quarter of the other histogram maps: a few keys per series.
+fn entries(config: &Config) -> u32 {
+    (config.hist_map_entries() / 4).max(1024)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueryId {
@@ -41,78 +111,43 @@ impl HistKey for QueryKey {
         self.slot
     }
 
-    fn id(&self, series: SeriesId) -> QueryId {
-        QueryId {
+    fn id(&self, series: SeriesId) -> Option<QueryId> {
+        Some(QueryId {
             series,
-            // The kernel writes only these two.
-            metric: QueryMetric::from_u8(self.metric).unwrap_or(QueryMetric::Io),
-        }
-    }
-
-    fn series_of(id: &QueryId) -> SeriesId {
-        id.series
-    }
-}
-
-pub struct Queries {
-    reader: Arc<HistReader<QueryKey>>,
-}
-
-impl Queries {
-    /// `max_entries`: the histogram map's size as loaded.
-    pub fn take(ebpf: &mut Ebpf, max_entries: u32) -> Result<Queries> {
-        Ok(Queries {
-            reader: Arc::new(HistReader::take(
-                ebpf,
-                HIST_MAP,
-                HistMap::Query,
-                max_entries,
-            )?),
+            metric: QueryMetric::try_from(self.metric).ok()?,
         })
     }
-
-    /// The histogram map, for `key_quota`.
-    pub fn balanced(&self) -> Arc<dyn Balanced> {
-        self.reader.clone()
-    }
 }
 
-impl Source for Queries {
-    fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        Box::new(QuerySnapshot(self.reader.read_or_empty(routes)))
-    }
+pub type QuerySnapshot = HistSnapshot<QueryId>;
 
-    fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.reader.read(routes).map(drop)
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct QuerySnapshot(pub Hists<QueryId>);
-
-static QUERY_SECONDS: Family = Family {
+static QUERY_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_query_seconds",
     help: "PostgreSQL query duration: from the backend reporting itself active to its next idle report, as pg_stat_activity.state shows it (seconds). One simple-protocol Query message, or one extended-protocol message sequence up to Sync.",
     kind: Kind::Histogram,
 };
-static QUERY_IO_SECONDS: Family = Family {
+static QUERY_IO_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_query_io_seconds",
     help: "Time each query spent in the backend's own IO syscalls (pread/pwrite/fsync/fdatasync/io_uring_enter, not futex waits), one observation per query (seconds). IO share: rate(pgio_query_io_seconds_sum) / rate(pgio_query_seconds_sum).",
     kind: Kind::Histogram,
 };
-static QUERY_READ_MISS_SECONDS: Family = Family {
+static QUERY_READ_MISS_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_query_read_miss_seconds",
     help: "Per query, the part of pgio_query_io_seconds spent in reads that missed the page cache (the reading thread submitted block IO), one observation per query (seconds).",
     kind: Kind::Histogram,
 };
-static QUERY_CACHE_MISSES: Family = Family {
+static QUERY_CACHE_MISSES: MetricFamily = MetricFamily {
     name: "pgio_query_cache_misses",
     help: "Reads during queries that submitted block IO (page-cache misses).",
     kind: Kind::Counter,
 };
 
-impl Snapshot for QuerySnapshot {
-    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+impl HistId for QueryId {
+    fn series(&self) -> SeriesId {
+        self.series
+    }
+
+    fn encode(hists: &Hists<QueryId>, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
         let labels = |id: &QueryId| WithLabels {
             series: scrape.series(id.series),
             extra: [],
@@ -123,12 +158,12 @@ impl Snapshot for QuerySnapshot {
             (&QUERY_READ_MISS_SECONDS, QueryMetric::ReadMiss),
         ] {
             let mut f = enc.family(family);
-            for (id, h) in self.0.iter().filter(|(id, _)| id.metric == metric) {
+            for (id, h) in hists.iter().filter(|(id, _)| id.metric == metric) {
                 f.histogram(labels(id), h);
             }
         }
         let mut f = enc.family(&QUERY_CACHE_MISSES);
-        for (id, h) in self.0.iter() {
+        for (id, h) in hists.iter() {
             if id.metric == QueryMetric::Duration {
                 f.counter(labels(id), h.bytes);
             }

@@ -17,7 +17,7 @@ use pgio_common::drops::{DROP_REASONS, DropReason};
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
+    exposition::{Encoder, Kind, MetricFamily},
     http_server::HttpStats,
     lifecycle::PostgresProbeStats,
     maps::take_map,
@@ -121,82 +121,82 @@ pub struct PostgresBinaries {
     pub detached: u64,
 }
 
-static PROBE_ATTACHED: Family = Family {
+static PROBE_ATTACHED: MetricFamily = MetricFamily {
     name: "pgio_probe_attached",
     help: "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
     kind: Kind::Gauge,
 };
-static EVENTS_DROPPED: Family = Family {
+static EVENTS_DROPPED: MetricFamily = MetricFamily {
     name: "pgio_events_dropped",
     help: "Kernel events pgio could not record, by reason.",
     kind: Kind::Counter,
 };
-static EXITS_MISSED: Family = Family {
+static EXITS_MISSED: MetricFamily = MetricFamily {
     name: "pgio_exits_missed",
     help: "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",
     kind: Kind::Counter,
 };
-static PROVISIONAL: Family = Family {
+static PROVISIONAL: MetricFamily = MetricFamily {
     name: "pgio_provisional_processes",
     help: "Processes whose events pgio holds back until it has classified them: a postmaster's new children until their title, a postmaster until its cluster is known. Their events appear in a later scrape, under the series they are classified as (role=\"starting\" if never).",
     kind: Kind::Gauge,
 };
-static SERIES: Family = Family {
+static SERIES: MetricFamily = MetricFamily {
     name: "pgio_series",
     help: "Label sets (series ids) pgio holds now, kernel and userspace: the live processes' label sets plus those within series_retention_secs of their last process, at most max_series (plus one overflow series per app).",
     kind: Kind::Gauge,
 };
-static SERIES_RETIRED: Family = Family {
+static SERIES_RETIRED: MetricFamily = MetricFamily {
     name: "pgio_series_retired",
     help: "Series dropped from the exposition series_retention_secs after their last process exited; their ids are reused.",
     kind: Kind::Counter,
 };
-static SERIES_REFUSED: Family = Family {
+static SERIES_REFUSED: MetricFamily = MetricFamily {
     name: "pgio_series_refused",
     help: "New label sets booked under their app's role=\"overflow\" series because max_series, max_series_per_app or max_series_per_group was reached (counted per classification).",
     kind: Kind::Counter,
 };
-static LABELS_TRUNCATED: Family = Family {
+static LABELS_TRUNCATED: MetricFamily = MetricFamily {
     name: "pgio_label_values_truncated",
     help: "Label sets with a value cut at max_label_len bytes.",
     kind: Kind::Counter,
 };
-static KERNEL_MAP_ERRORS: Family = Family {
+static KERNEL_MAP_ERRORS: MetricFamily = MetricFamily {
     name: "pgio_kernel_map_errors",
     help: "Failed writes of a process' or a postmaster's children's series into the kernel's maps (that process is booked as untracked). Should stay 0.",
     kind: Kind::Counter,
 };
-static PROGRAM_RUN_SECONDS: Family = Family {
+static PROGRAM_RUN_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_bpf_program_run_seconds",
     help: "CPU time spent in each eBPF program (needs bpf_stats = true in the config, else 0).",
     kind: Kind::Counter,
 };
-static PROGRAM_RUNS: Family = Family {
+static PROGRAM_RUNS: MetricFamily = MetricFamily {
     name: "pgio_bpf_program_runs",
     help: "Runs of each eBPF program (needs bpf_stats = true in the config, else 0).",
     kind: Kind::Counter,
 };
-static RECURSION_MISSES: Family = Family {
+static RECURSION_MISSES: MetricFamily = MetricFamily {
     name: "pgio_bpf_recursion_misses",
     help: "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
     kind: Kind::Counter,
 };
-static POSTGRES_BINARIES_ATTACHED: Family = Family {
+static POSTGRES_BINARIES_ATTACHED: MetricFamily = MetricFamily {
     name: "pgio_postgres_binaries_attached",
     help: "Postgres binaries carrying pgio's uprobes now (at most max_postgres_binaries); a binary's uprobes are detached at the first rescan after no postmaster runs it.",
     kind: Kind::Gauge,
 };
-static POSTGRES_BINARIES_REFUSED: Family = Family {
+static POSTGRES_BINARIES_REFUSED: MetricFamily = MetricFamily {
     name: "pgio_postgres_binaries_refused",
     help: "Postgres binaries not given uprobes because max_postgres_binaries were attached (binaries not owned by root: three quarters of it); tried again at each rescan. Their backends are classified from /proc, without titles from the kernel or query metrics.",
     kind: Kind::Counter,
 };
-static POSTGRES_BINARIES_DETACHED: Family = Family {
+static POSTGRES_BINARIES_DETACHED: MetricFamily = MetricFamily {
     name: "pgio_postgres_binaries_detached",
     help: "Postgres binaries whose uprobes were detached because no postmaster ran them any more.",
     kind: Kind::Counter,
 };
-static BUILD_INFO: Family = Family {
+static BUILD_INFO: MetricFamily = MetricFamily {
     name: "pgio_build_info",
     help: "pgio version (value is always 1).",
     kind: Kind::Gauge,
@@ -210,7 +210,7 @@ impl Snapshot for SelfSnapshot {
         }
         let mut f = enc.family(&EVENTS_DROPPED);
         for d in DropReason::ALL {
-            f.counter([("reason", d.reason())], self.drops[d as usize]);
+            f.counter([("reason", d.name())], self.drops[d as usize]);
         }
         enc.family(&EXITS_MISSED)
             .counter((), scrape.tracked.exits_missed);
@@ -286,27 +286,27 @@ impl Source for HttpSelfMetrics {
     }
 }
 
-static HTTP_OPEN: Family = Family {
+static HTTP_OPEN: MetricFamily = MetricFamily {
     name: "pgio_http_connections",
     help: "HTTP connections open now (at most http_max_connections, + 1 for a moment).",
     kind: Kind::Gauge,
 };
-static HTTP_ACCEPTED: Family = Family {
+static HTTP_ACCEPTED: MetricFamily = MetricFamily {
     name: "pgio_http_connections_accepted",
     help: "HTTP connections accepted, including those closed at once.",
     kind: Kind::Counter,
 };
-static HTTP_REJECTED: Family = Family {
+static HTTP_REJECTED: MetricFamily = MetricFamily {
     name: "pgio_http_connections_rejected",
     help: "HTTP connections closed at once: http_max_connections were open and none could be evicted (all busy with a request, or one already closing).",
     kind: Kind::Counter,
 };
-static HTTP_CLOSED: Family = Family {
+static HTTP_CLOSED: MetricFamily = MetricFamily {
     name: "pgio_http_connections_closed",
     help: "HTTP connections pgio closed, by reason: evicted (the one waiting longest for a request, to make room at http_max_connections), header_timeout (no complete request head within http_header_timeout_secs), idle_timeout (no request within http_idle_timeout_secs).",
     kind: Kind::Counter,
 };
-static HTTP_ACCEPT_ERRORS: Family = Family {
+static HTTP_ACCEPT_ERRORS: MetricFamily = MetricFamily {
     name: "pgio_http_accept_errors",
     help: "Failed accept() calls on the HTTP socket (e.g. out of file descriptors).",
     kind: Kind::Counter,

@@ -25,7 +25,7 @@ use aya::{
 use pgio_common::SeriesId;
 
 use crate::{
-    key_quota::{KeyOwner, Owners},
+    key_owners::{KeyOwner, Owners},
     labels::Labels,
     maps::take_map,
     provisional::Provisional,
@@ -345,7 +345,7 @@ pub struct KernelSeries {
 
 /// Sized to `pid_max` by the loader.
 pub const TRACKED_MAP: &str = "TRACKED";
-const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
+pub const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
 
 impl KernelSeries {
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {

@@ -1,6 +1,6 @@
 //! Userspace side of the syscall probes: reads `SYSCALL_HIST` at scrape time and writes
 //! `pgio_syscall_seconds` and `pgio_futex_wait_seconds`.
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use anyhow::Result;
 use aya::{
@@ -10,49 +10,100 @@ use aya::{
 use pgio_common::{
     SeriesId,
     hist::Bucket,
-    key_quota::HistMap,
-    syscall::{Cache, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow},
+    syscall::{Cache, QUOTA, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow},
 };
 use tracing::warn;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
-    hist::{HistKey, HistReader, Hists},
-    key_quota::Balanced,
+    config::Config,
+    exposition::{Encoder, Kind, MetricFamily},
+    family::{Attach, Family, Probe, Setup, Taken},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists},
     labels::WithLabels,
     lock,
     maps::take_map,
     provisional::{Provisional, Route},
 };
 
-pub const HIST_MAP: &str = "SYSCALL_HIST";
+pub static HIST: HistMapSpec = HistMapSpec {
+    family: "syscall",
+    map: "SYSCALL_HIST",
+    quota: QUOTA,
+};
 const ROWS_MAP: &str = "SYSCALL_ROWS_MAP";
 /// The eBPF global that turns the dense rows on (`syscall_rows`).
-pub const ROWS_GLOBAL: &str = "SYSCALL_ROWS_ON";
+const ROWS_GLOBAL: &str = "SYSCALL_ROWS_ON";
 const ROW_GEN_MAP: &str = "SYSCALL_ROW_GEN";
+/// Tells the syscall programs that another thread runs, and moves a switched-out thread's
+/// pending syscall start off its CPU.
+const SCHED_SWITCH: &str = "sched_switch";
+
+/// The syscall family (`Family`).
+pub struct SyscallFamily;
+
+impl Family for SyscallFamily {
+    fn name(&self) -> &'static str {
+        "syscall"
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        let mut probes = vec![Probe::new(SCHED_SWITCH, Attach::BtfTracePoint, false)];
+        for sc in Syscall::ALL {
+            for dir in ["enter", "exit"] {
+                probes.push(Probe {
+                    program: format!("sys_{dir}_{}", sc.name()).into(),
+                    attach: Attach::TracePoint("syscalls"),
+                    // futex_waitv appeared in 5.16.
+                    optional: sc == Syscall::FutexWaitv,
+                    // Without it they would book one thread's calls on another's series.
+                    requires: Some(SCHED_SWITCH),
+                });
+            }
+        }
+        probes
+    }
+
+    fn maps(&self) -> &'static [&'static str] {
+        &[
+            "SYSCALL_HIST",
+            ROWS_MAP,
+            ROW_GEN_MAP,
+            "SYSCALL_CPU",
+            "SYSCALL_SPILLED",
+        ]
+    }
+
+    fn globals(&self) -> &'static [&'static str] {
+        &[ROWS_GLOBAL]
+    }
+
+    fn hist_map(&self) -> Option<&'static HistMapSpec> {
+        Some(&HIST)
+    }
+
+    fn setup(&self, config: &Config) -> Setup {
+        Setup {
+            map_sizes: vec![(HIST.map, config.hist_map_entries())],
+            globals: vec![(ROWS_GLOBAL, vec![u8::from(config.syscall_rows)])],
+        }
+    }
+
+    fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
+        let syscalls = Syscalls::take(ebpf, config.hist_map_entries())?;
+        Ok(Taken {
+            balanced: Some(syscalls.hists.balanced()),
+            source: Some(Box::new(syscalls)),
+        })
+    }
+}
 
 /// One syscall histogram: a series' calls of one syscall, by page-cache outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SyscallId {
     pub series: SeriesId,
-    /// `Syscall` discriminant as the kernel wrote it.
-    pub syscall: u8,
+    pub syscall: Syscall,
     pub cache: Cache,
-}
-
-impl SyscallId {
-    fn syscall_name(&self) -> &'static str {
-        Syscall::from_u8(self.syscall).map_or("unknown", Syscall::name)
-    }
-
-    /// Waits are not IO: they get their own family.
-    fn is_futex(&self) -> bool {
-        matches!(
-            Syscall::from_u8(self.syscall),
-            Some(Syscall::Futex | Syscall::FutexWaitv)
-        )
-    }
 }
 
 impl HistKey for SyscallKey {
@@ -66,21 +117,17 @@ impl HistKey for SyscallKey {
         self.slot
     }
 
-    fn id(&self, series: SeriesId) -> SyscallId {
-        SyscallId {
+    fn id(&self, series: SeriesId) -> Option<SyscallId> {
+        Some(SyscallId {
             series,
-            syscall: self.syscall,
-            cache: Cache::from_u8(self.cache),
-        }
-    }
-
-    fn series_of(id: &SyscallId) -> SeriesId {
-        id.series
+            syscall: Syscall::try_from(self.syscall).ok()?,
+            cache: Cache::try_from(self.cache).ok()?,
+        })
     }
 }
 
 pub struct Syscalls {
-    reader: Arc<HistReader<SyscallKey>>,
+    hists: HistSource<SyscallKey>,
     rows: Mutex<Rows>,
 }
 
@@ -88,12 +135,7 @@ impl Syscalls {
     /// `max_entries`: the histogram map's size as loaded.
     pub fn take(ebpf: &mut Ebpf, max_entries: u32) -> Result<Syscalls> {
         Ok(Syscalls {
-            reader: Arc::new(HistReader::take(
-                ebpf,
-                HIST_MAP,
-                HistMap::Syscall,
-                max_entries,
-            )?),
+            hists: HistSource::take(ebpf, &HIST, max_entries)?,
             rows: Mutex::new(Rows {
                 rows: take_map(ebpf, ROWS_MAP)?,
                 generation: take_map(ebpf, ROW_GEN_MAP)?,
@@ -102,17 +144,10 @@ impl Syscalls {
         })
     }
 
-    /// The histogram map, for `key_quota`.
-    pub fn balanced(&self) -> Arc<dyn Balanced> {
-        self.reader.clone()
-    }
-
     fn read_all(&self, routes: &Provisional) -> Result<Hists<SyscallId>> {
-        let mut hists = self.reader.read(routes)?;
-        let mut rows = lock(&self.rows);
-        let read = rows.read(routes, &mut hists);
-        rows.retire(routes);
-        read.map(|()| hists)
+        let mut hists = self.hists.reader.peek(routes)?;
+        lock(&self.rows).read(routes, &mut hists)?;
+        Ok(hists)
     }
 }
 
@@ -145,11 +180,16 @@ impl Rows {
                 {
                     continue;
                 }
+                let (Ok(syscall), Ok(cache)) =
+                    (Syscall::try_from(t.syscall), Cache::try_from(t.cache))
+                else {
+                    continue;
+                };
                 let h = out
                     .entry(SyscallId {
                         series: t.series,
-                        syscall: t.syscall,
-                        cache: Cache::from_u8(t.cache),
+                        syscall,
+                        cache,
                     })
                     .or_default();
                 for (slot, count) in row.slots.iter().enumerate() {
@@ -191,43 +231,48 @@ impl Rows {
 
 impl Source for Syscalls {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        Box::new(SyscallSnapshot(self.read_all(routes).unwrap_or_else(|e| {
+        Box::new(HistSnapshot(self.read_all(routes).unwrap_or_else(|e| {
             warn!(error = format!("{e:#}"), "reading the syscall histograms");
             Hists::new()
         })))
     }
 
-    /// Rows never hold provisional series: only the hash map has anything to fold.
+    /// Rows never hold provisional series: only the hash map has anything to fold; the rows
+    /// of retired series go stale here.
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        let read = self.reader.read(routes).map(drop);
+        let folded = self.hists.fold(routes);
         lock(&self.rows).retire(routes);
-        read
+        folded
     }
 }
 
-#[derive(Debug, Default)]
-pub struct SyscallSnapshot(pub Hists<SyscallId>);
+pub type SyscallSnapshot = HistSnapshot<SyscallId>;
 
-static SYSCALL_SECONDS: Family = Family {
+static SYSCALL_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_syscall_seconds",
     help: "IO syscall latency, enter to exit, per tracked process series; cache=miss when the calling thread submitted block IO during a read (seconds).",
     kind: Kind::Histogram,
 };
-static FUTEX_WAIT_SECONDS: Family = Family {
+static FUTEX_WAIT_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_futex_wait_seconds",
     help: "futex waits (WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI; futex_waitv), enter to exit (seconds). Not IO. In Go programs such as the Longhorn engine and replicas most of this is the Go runtime parking idle threads (scheduler and sysmon sleeps), not waiting on replicas, IO or locks: it grows with idle threads, not with latency.",
     kind: Kind::Histogram,
 };
 
-impl Snapshot for SyscallSnapshot {
-    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+impl HistId for SyscallId {
+    fn series(&self) -> SeriesId {
+        self.series
+    }
+
+    fn encode(hists: &Hists<SyscallId>, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
         let labels = |id: &SyscallId| WithLabels {
             series: scrape.series(id.series),
-            extra: [("syscall", id.syscall_name()), ("cache", id.cache.label())],
+            extra: [("syscall", id.syscall.name()), ("cache", id.cache.name())],
         };
+        // Waits are not IO: they get their own family.
         for (family, futex) in [(&SYSCALL_SECONDS, false), (&FUTEX_WAIT_SECONDS, true)] {
             let mut f = enc.family(family);
-            for (id, h) in self.0.iter().filter(|(id, _)| id.is_futex() == futex) {
+            for (id, h) in hists.iter().filter(|(id, _)| id.syscall.is_wait() == futex) {
                 f.histogram(labels(id), h);
             }
         }

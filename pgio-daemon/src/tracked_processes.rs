@@ -6,11 +6,11 @@ use pgio_common::SeriesId;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
+    exposition::{Encoder, Kind, MetricFamily},
     provisional::Provisional,
 };
 
-static TRACKED_PROCESSES: Family = Family {
+static TRACKED_PROCESSES: MetricFamily = MetricFamily {
     name: "pgio_tracked_processes",
     help: "Processes pgio tracks now, by series.",
     kind: Kind::Gauge,

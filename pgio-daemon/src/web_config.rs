@@ -37,7 +37,7 @@ pub use basic_auth::{BasicAuth, Verdict};
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
-    exposition::{Encoder, Family, Kind},
+    exposition::{Encoder, Kind, MetricFamily},
     http_server::HttpStats,
     provisional::Provisional,
 };
@@ -292,17 +292,17 @@ impl Source for WebSelfMetrics {
     }
 }
 
-static TLS_HANDSHAKE_FAILURES: Family = Family {
+static TLS_HANDSHAKE_FAILURES: MetricFamily = MetricFamily {
     name: "pgio_http_tls_handshake_failures",
     help: "HTTPS connections closed because the TLS handshake failed (not TLS, no common version or cipher, client certificate refused). Handshakes not done within http_header_timeout_secs count as header_timeout in pgio_http_connections_closed_total.",
     kind: Kind::Counter,
 };
-static AUTH_FAILURES: Family = Family {
+static AUTH_FAILURES: MetricFamily = MetricFamily {
     name: "pgio_http_auth_failures",
     help: "Requests answered without their content because of basic auth, by reason: missing (no or undecodable credentials, 401), wrong (unknown user or wrong password, 401), busy (too many password verifications in progress, 429).",
     kind: Kind::Counter,
 };
-static AUTH_VERIFICATIONS: Family = Family {
+static AUTH_VERIFICATIONS: MetricFamily = MetricFamily {
     name: "pgio_http_auth_verifications",
     help: "bcrypt password verifications run (a password that verified is remembered and needs none again).",
     kind: Kind::Counter,

@@ -289,7 +289,7 @@ fn golden_readings() -> Readings {
         n += 1;
         let id = SyscallId {
             series: s,
-            syscall: sc as u8,
+            syscall: sc,
             cache,
         };
         r.syscalls.0.insert(id, h(n, 0));

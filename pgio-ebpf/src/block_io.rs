@@ -14,10 +14,9 @@ use aya_ebpf::{
 };
 use pgio_common::{
     SeriesId,
-    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp, mkdev},
+    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp, QUOTA, mkdev},
     drops::DropReason,
     hist::{Bucket, slot},
-    key_quota::HistMap,
 };
 
 use crate::{drops, hist, kernel_offsets::offsets, syscall, tracked};
@@ -78,14 +77,7 @@ fn count(series: SeriesId, dev: u32, op: u8, metric: BlockMetric, bytes: u32) {
         slot: 0,
         _pad: 0,
     };
-    hist::add(
-        &BLOCK_IO_HIST,
-        HistMap::BlockIo,
-        series,
-        &key,
-        0,
-        bytes as u64,
-    );
+    hist::add(&BLOCK_IO_HIST, QUOTA, series, &key, 0, bytes as u64);
 }
 
 /// The kernel starts a request pgio still holds as issued: its completion was never seen, so
@@ -339,14 +331,7 @@ fn unmatched(rq: u64, nr_bytes: u32) {
 fn observe(key: &mut BlockIoKey, metric: BlockMetric, ns: u64, bytes: u32) {
     key.metric = metric as u8;
     key.slot = slot(ns);
-    hist::add(
-        &BLOCK_IO_HIST,
-        HistMap::BlockIo,
-        key.series,
-        key,
-        ns,
-        bytes as u64,
-    );
+    hist::add(&BLOCK_IO_HIST, QUOTA, key.series, key, ns, bytes as u64);
 }
 
 /// Books one completed request: device time, whole time, and queue time when it has one.

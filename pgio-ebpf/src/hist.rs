@@ -1,7 +1,7 @@
 //! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event. A
 //! new key costs one of its owner's allowance (`key_quota`).
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
-use pgio_common::{SeriesId, drops::DropReason, hist::Bucket, key_quota::HistMap};
+use pgio_common::{SeriesId, drops::DropReason, hist::Bucket, key_quota::QuotaMap};
 
 use crate::{drops, key_quota};
 
@@ -18,7 +18,7 @@ fn add_to(b: *mut Bucket, value_ns: u64, bytes: u64) {
 #[inline(always)]
 pub fn add<K>(
     map: &PerCpuHashMap<K, Bucket>,
-    quota: HistMap,
+    quota: QuotaMap,
     series: SeriesId,
     key: &K,
     value_ns: u64,

@@ -5,7 +5,7 @@ use aya_ebpf::{
 };
 use pgio_common::{
     CHILD_SERIES_MAX, SeriesId,
-    key_quota::{EXEMPT, HIST_MAPS, HistMap, OWNER_SLOTS, PROVISIONAL, allowance_index},
+    key_quota::{EXEMPT, OWNER_SLOTS, PROVISIONAL, QUOTA_MAPS, QuotaMap, allowance_index},
 };
 
 /// `series → owner slot`, written by userspace when it gives out the id.
@@ -17,11 +17,11 @@ static SERIES_OWNER: Array<u8> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
 /// CPUs): read, then decremented with an atomic add (BPF_XADD, every kernel), so CPUs racing
 /// on the last key can take it between them, at most one each.
 #[map]
-static KEY_ALLOWANCE: Array<i64> = Array::with_max_entries(HIST_MAPS * OWNER_SLOTS, 0);
+static KEY_ALLOWANCE: Array<i64> = Array::with_max_entries(QUOTA_MAPS * OWNER_SLOTS, 0);
 
 /// New keys refused per (map, owner), on this CPU (`pgio_hist_map_refused_total`).
 #[map]
-static KEY_REFUSED: PerCpuArray<u64> = PerCpuArray::with_max_entries(HIST_MAPS * OWNER_SLOTS, 0);
+static KEY_REFUSED: PerCpuArray<u64> = PerCpuArray::with_max_entries(QUOTA_MAPS * OWNER_SLOTS, 0);
 
 /// Nonzero once userspace has written the first allowances: until then nothing is refused.
 #[map]
@@ -29,7 +29,7 @@ static KEY_QUOTA_ON: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Takes one key from the allowance of `series`' owner in `map`; `false`: none left.
 #[inline(always)]
-pub fn take(map: HistMap, series: SeriesId) -> bool {
+pub fn take(map: QuotaMap, series: SeriesId) -> bool {
     match KEY_QUOTA_ON.get(0) {
         Some(on) if *on != 0 => {}
         _ => return true,

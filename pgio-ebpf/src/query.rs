@@ -13,8 +13,7 @@ use pgio_common::{
     SeriesId,
     drops::DropReason,
     hist::{Bucket, slot},
-    key_quota::HistMap,
-    query::{QueryKey, QueryMetric, QueryState},
+    query::{QUOTA, QueryKey, QueryMetric, QueryState},
 };
 
 use crate::{drops, hist, tracked};
@@ -53,7 +52,7 @@ fn book(series: SeriesId, metric: QueryMetric, ns: u64, misses: u64) {
         slot: slot(ns),
         _pad: [0; 2],
     };
-    hist::add(&QUERY_HIST, HistMap::Query, series, &key, ns, misses);
+    hist::add(&QUERY_HIST, QUOTA, series, &key, ns, misses);
 }
 
 /// `pgstat_report_activity(BackendState state, const char *cmd_str)` entry.

@@ -18,10 +18,9 @@ use pgio_common::{
     CHILD_SERIES_MAX, SeriesId,
     drops::DropReason,
     hist::{Bucket, SLOTS, slot},
-    key_quota::HistMap,
     syscall::{
-        Cache, CpuSyscall, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow, SyscallStart,
-        futex_op_waits,
+        Cache, CpuSyscall, QUOTA, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow,
+        SyscallStart, futex_op_waits,
     },
 };
 
@@ -152,7 +151,7 @@ fn exit(sc: Syscall) -> u32 {
         _pad: 0,
     };
     if !add_to_row(&key, d) {
-        hist::add(&SYSCALL_HIST, HistMap::Syscall, s.series, &key, d, 0);
+        hist::add(&SYSCALL_HIST, QUOTA, s.series, &key, d, 0);
     }
     if !sc.is_wait() {
         query::add_io(unsafe { (*c).tid }, d, cache == Cache::Miss);

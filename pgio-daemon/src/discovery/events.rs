@@ -10,12 +10,12 @@ use tracing::debug;
 
 use super::Discovery;
 use crate::{
-    classifier::Classifier, key_quota::KeyOwner, lifecycle::Event, lock, proc_scan::read_process,
+    classifier::Classifier, key_owners::KeyOwner, lifecycle::Event, lock, proc_scan::read_process,
 };
 
 impl Discovery {
     fn handle(&mut self, ev: LifecycleEvent) {
-        match LifecycleKind::from_u32(ev.kind) {
+        match LifecycleKind::try_from(ev.kind).ok() {
             Some(LifecycleKind::Exec) => self.exec(ev.pid),
             Some(LifecycleKind::Fork) => self.forked(ev),
             Some(LifecycleKind::Exit) => {

@@ -6,7 +6,7 @@ use tracing::{debug, warn};
 use super::Discovery;
 use crate::{
     classifier::{Classifier, ProcessInfo},
-    key_quota::KeyOwner,
+    key_owners::KeyOwner,
     labels::Labels,
     lock,
     proc_scan::read_process,

@@ -1,0 +1,13 @@
+//! Every probe family, once (see `family`). Their order is the order of the probe table and
+//! of the families' metrics in `/metrics`.
+use crate::{
+    block_io::BlockIoFamily, family::Family, lifecycle::LifecycleFamily, query::QueryFamily,
+    syscall::SyscallFamily,
+};
+
+pub static FAMILIES: &[&dyn Family] = &[
+    &BlockIoFamily,
+    &SyscallFamily,
+    &QueryFamily,
+    &LifecycleFamily,
+];

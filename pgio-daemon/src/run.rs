@@ -1,0 +1,284 @@
+//! `pgio-daemon run`: with all of pgio's privileges, `start` binds the listener, loads every
+//! family's probes and takes their maps (`families::FAMILIES`), and scans /proc; then, with
+//! fewer, `serve` runs the HTTP server, discovery and the once-a-second map pass.
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use tracing::{error, info, warn};
+
+use crate::{
+    check,
+    classifier::Classifier,
+    collector::Collector,
+    config::Config,
+    device_info::DeviceInfo,
+    devices::Devices,
+    discovery::Discovery,
+    families::FAMILIES,
+    health::Health,
+    http,
+    http_server::{self, HttpStats},
+    key_quota::{KeyQuota, KeyQuotaSource},
+    lifecycle, privileges, probes,
+    self_metrics::{self, HttpSelfMetrics, SelfMetrics},
+    series::{KernelSeries, SharedTracked, Tracked},
+    tracefs,
+    tracked_processes::TrackedProcesses,
+    web_config::{WebConfig, WebSelfMetrics},
+};
+
+/// Fails naming every capability pgio cannot run without; logs the ones it runs with less
+/// without (other users' /proc files unreadable: fewer labels).
+pub fn require_privileges() -> Result<()> {
+    let mut missing = Vec::new();
+    for f in check::privileges() {
+        match f.level {
+            check::Level::Fail => missing.push(f.what),
+            check::Level::Warn => warn!("{}", f.what),
+            check::Level::Ok => {}
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!("insufficient privileges: {}", missing.join("; ")))
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; harmless elsewhere.
+fn raise_memlock() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain struct argument.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!("cannot raise RLIMIT_MEMLOCK (fine on kernels >= 5.11)");
+    }
+}
+
+/// What `start` set up with all of pgio's privileges, for `serve` to run with fewer.
+pub struct Started {
+    config: Config,
+    listener: std::net::TcpListener,
+    ebpf: Arc<Mutex<aya::Ebpf>>,
+    collector: Arc<Collector>,
+    key_quota: Arc<KeyQuota>,
+    discovery: Discovery,
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+    health: Arc<Health>,
+    http_stats: Arc<HttpStats>,
+    web: WebConfig,
+    /// Keeps `kernel.bpf_stats_enabled` on while pgio runs.
+    _bpf_stats: Option<std::os::fd::OwnedFd>,
+}
+
+pub fn start(
+    config: Config,
+    web: WebConfig,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<Started> {
+    require_privileges()?;
+    let listen = listen.unwrap_or(config.listen);
+    // Bind before loading anything: a port in use is the most common start failure.
+    let listener = std::net::TcpListener::bind(listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    listener
+        .set_nonblocking(true)
+        .context("listening socket non-blocking")?;
+    match privileges::raise_nofile() {
+        Ok((soft, hard)) => info!(
+            soft,
+            hard,
+            http_max_connections = config.http_max_connections,
+            "open files limit"
+        ),
+        Err(e) => warn!("cannot raise the open files limit: {e}"),
+    }
+    let tracefs = tracefs::ensure_mounted()?;
+    info!(tracefs = %tracefs.display(), "tracefs");
+    raise_memlock();
+
+    let bpf_stats = if config.bpf_stats {
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling BPF run-time stats")?,
+        )
+    } else {
+        None
+    };
+    let probes::Probes { mut ebpf, status } = probes::load_and_attach(&config)?;
+    let kernel_series = KernelSeries::take(&mut ebpf)?;
+    let ring = lifecycle::take_ring(&mut ebpf)?;
+    let health = Arc::new(Health::new(&ebpf, self_metrics::DROPS_MAP).context("health probe")?);
+    let http_stats = Arc::new(HttpStats::default());
+    let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(config.series_limits())));
+    // Families are encoded in this order (device info last: it lists the devices the others
+    // saw).
+    let mut collector = Collector::new(shared.clone(), Devices::new(config.longhorn_device_dir()));
+    let mut balanced = Vec::new();
+    for family in FAMILIES {
+        let taken = family
+            .take(&mut ebpf, &config)
+            .with_context(|| format!("family {}", family.name()))?;
+        if let Some(source) = taken.source {
+            collector.register(source);
+        }
+        balanced.extend(taken.balanced);
+    }
+    let key_quota = Arc::new(KeyQuota::take(&mut ebpf, shared.clone(), balanced)?);
+    collector.register(Box::new(KeyQuotaSource(key_quota.clone())));
+    collector.register(Box::new(TrackedProcesses));
+    collector.register(Box::new(DeviceInfo));
+    let postgres_probe_stats = Arc::new(lifecycle::PostgresProbeStats::default());
+    collector.register(Box::new(SelfMetrics::take(
+        &mut ebpf,
+        status,
+        postgres_probe_stats.clone(),
+    )?));
+    collector.register(Box::new(HttpSelfMetrics(http_stats.clone())));
+    if !web.is_plain() {
+        collector.register(Box::new(WebSelfMetrics {
+            http: http_stats.clone(),
+            tls: web.tls.is_some(),
+            auth: web.auth.clone(),
+        }));
+    }
+    let collector = Arc::new(collector);
+
+    if let Some(pods) = config.pods() {
+        match pods.known() {
+            Ok(n) => info!(pods = n, dir = %config.pod_log_dir, "pod labels on"),
+            // Not a Kubernetes node (or the directory is not mounted): nothing to name.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => info!(
+                dir = %config.pod_log_dir,
+                "no kubelet pod directory: no pod labels (in a pod, mount the kubelet's {} and {})",
+                config.pod_log_dir, config.container_log_dir
+            ),
+            Err(e) => warn!(
+                "pod labels on, but {}: {e}: no pod will be named (mount the kubelet's {} and {} read-only, or set pod_labels = false)",
+                config.pod_log_dir, config.pod_log_dir, config.container_log_dir
+            ),
+        }
+    }
+    // Discovery attaches the title uretprobe to postgres binaries as it finds them.
+    let ebpf = Arc::new(Mutex::new(ebpf));
+    let mut discovery = Discovery::new(
+        Classifier::new(config.compiled_rules(), config.pods()),
+        shared,
+        kernel_series,
+        Some(lifecycle::PostgresProbes::new(
+            ebpf.clone(),
+            probes::per_binary(&config),
+            config.max_postgres_binaries,
+            postgres_probe_stats,
+        )),
+        config.series_retention(),
+    );
+    // Nothing was tracked before: no process can be missing.
+    let _gone = discovery.scan_all()?;
+    info!(tracked = discovery.tracked(), "initial /proc scan done");
+    Ok(Started {
+        config,
+        listener,
+        ebpf,
+        collector,
+        key_quota,
+        discovery,
+        ring,
+        health,
+        http_stats,
+        web,
+        _bpf_stats: bpf_stats,
+    })
+}
+
+pub async fn serve(started: Started) -> Result<()> {
+    let Started {
+        config,
+        listener,
+        ebpf,
+        collector,
+        key_quota,
+        discovery,
+        ring,
+        health,
+        http_stats,
+        web,
+        _bpf_stats,
+    } = started;
+    let listener = tokio::net::TcpListener::from_std(listener).context("listening socket")?;
+    let passes = collector.clone();
+    std::thread::Builder::new()
+        .name("map-passes".into())
+        .spawn(move || every_second(&passes, &key_quota))
+        .context("starting the map-passes thread (provisional folds, map shares)")?;
+    let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
+
+    // The bound address: with port 0 the kernel picked one.
+    let bound = listener.local_addr().context("listening socket")?;
+    let limits = http_server::Limits {
+        header_timeout: config.http_header_timeout(),
+        idle_timeout: config.http_idle_timeout(),
+        max_connections: config.http_max_connections,
+    };
+    info!(
+        listen = %bound,
+        header_timeout = ?limits.header_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        max_connections = limits.max_connections,
+        tls = web.tls.is_some(),
+        basic_auth_users = web.auth.as_ref().map_or(0, |a| a.users()),
+        "serving /metrics"
+    );
+    if web.auth.is_some() && web.tls.is_none() {
+        warn!("basic auth without TLS: passwords cross the network in clear text");
+    }
+    let server = http_server::serve(
+        listener,
+        web.tls,
+        http::router(collector, health, web.auth),
+        limits,
+        http_stats,
+        shutdown_signal(),
+    );
+    tokio::select! {
+        () = server => {}
+        r = discovery_task => {
+            r.context("discovery task panicked")?.context("discovery")?;
+        }
+    }
+    drop(ebpf);
+    info!("probes detached, exiting");
+    Ok(())
+}
+
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = int.recv() => info!("SIGINT"),
+    }
+}
+
+/// The map pass (`Collector::pass`), then the map shares' balance, once a second.
+fn every_second(collector: &Collector, key_quota: &KeyQuota) {
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        collector.pass(|| {
+            if let Err(e) = key_quota.balance() {
+                warn!(error = format!("{e:#}"), "balancing the histogram maps");
+            }
+        });
+    }
+}
