@@ -684,3 +684,135 @@ fn protobuf_carries_every_text_sample_plus_native_histograms() {
             .any(|s| s.labels.get("database").map(String::as_str) == Some("we\"ird\nname\\ x"))
     );
 }
+
+/// Labels of the series label set (`labels::Labels`), written "series" in the catalog.
+const SERIES_LABELS: [&str; 9] = [
+    "app",
+    "role",
+    "database",
+    "user",
+    "cluster",
+    "volume",
+    "namespace",
+    "pod",
+    "container",
+];
+
+/// `name: "pgio_…"` of every `MetricFamily` static in pgio-daemon/src, tests left out.
+fn declared_families() -> Vec<String> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).expect("src dir") {
+            let path = e.expect("dir entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&path).expect("source file");
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                let mut lines = code.lines();
+                while let Some(line) = lines.next() {
+                    if line.contains(": MetricFamily = MetricFamily {") {
+                        let name = lines.next().expect("name line");
+                        let name = name.trim().trim_start_matches("name: \"");
+                        out.push(name.trim_end_matches("\",").to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut out,
+    );
+    out
+}
+
+/// One family of the catalog: (name, type, labels in order of first use, help).
+fn catalog(openmetrics: &str) -> Vec<(String, String, Vec<String>, String)> {
+    let mut out: Vec<(String, String, Vec<String>, String)> = Vec::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').expect("HELP name text");
+            out.push((name.into(), String::new(), Vec::new(), help.into()));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let f = out.last_mut().expect("TYPE after HELP");
+            f.1 = rest.split_once(' ').expect("TYPE name type").1.into();
+        } else if !line.starts_with('#') {
+            let f = out.last_mut().expect("sample after HELP");
+            for name in label_names(line) {
+                if name != "le" && !f.2.contains(&name) {
+                    f.2.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// docs/metrics.md, from the exposition of every family (`all_families`): names, types,
+/// labels and help as pgio serves them. `PGIO_BLESS=1` rewrites it.
+#[test]
+fn docs_metrics_md_is_the_catalog_of_every_declared_family() {
+    let r = all_families();
+    let text =
+        String::from_utf8(all_families_bytes(&r, Format::OpenMetrics)).expect("UTF-8 exposition");
+    let families = catalog(&text);
+    let served: Vec<&str> = families.iter().map(|f| f.0.as_str()).collect();
+    let declared = declared_families();
+    assert!(declared.len() >= 44, "{declared:?}");
+    for name in &declared {
+        assert!(
+            served.contains(&name.as_str()),
+            "{name} is declared but all_families() does not show it: give it a reading"
+        );
+    }
+    assert_eq!(served.len(), declared.len(), "{served:?}");
+    let mut md = String::from(
+        "# Metrics\n\n\
+         Every metric family pgio serves, in `/metrics` order. Generated from the code (the \
+         exposition test's readings of every family: `PGIO_BLESS=1 cargo test -p pgio-daemon \
+         --test exposition` rewrites this file, and the test fails when it is out of date). \
+         Histograms are served classic (`_bucket`, `_sum`, `_count`) and, to protobuf \
+         scrapers, native. **series** stands for the labels of the process series that did \
+         the IO: `app`, `role`, `database`, `user`, `cluster`, `volume`, `namespace`, `pod`, \
+         `container`, each left out when empty ([labels and bounds](labels-and-bounds.md)).\n\n\
+         | metric | type | labels | help |\n|---|---|---|---|\n",
+    );
+    for (name, kind, labels, help) in &families {
+        let name = if kind == "counter" {
+            format!("{name}_total")
+        } else {
+            name.clone()
+        };
+        let mut shown: Vec<String> = Vec::new();
+        for l in labels {
+            let l = if SERIES_LABELS.contains(&l.as_str()) {
+                "**series**".to_owned()
+            } else {
+                format!("`{l}`")
+            };
+            if !shown.contains(&l) {
+                shown.push(l);
+            }
+        }
+        // OpenMetrics escapes `"`, `\` and newlines in HELP; Markdown wants `|` escaped.
+        let help = help
+            .replace("\\\"", "\"")
+            .replace("\\n", " ")
+            .replace("\\\\", "\\")
+            .replace('|', "\\|");
+        md.push_str(&format!(
+            "| `{name}` | {kind} | {} | {help} |\n",
+            shown.join(", ")
+        ));
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md");
+    if std::env::var_os("PGIO_BLESS").is_some() {
+        std::fs::write(&path, &md).expect("writing docs/metrics.md");
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        md == want,
+        "docs/metrics.md is out of date: PGIO_BLESS=1 cargo test -p pgio-daemon --test exposition"
+    );
+}
