@@ -205,17 +205,17 @@ impl Source for BlockIo {
 /// completions only.
 pub type BlockIoSnapshot = HistSnapshot<BlockIoId>;
 
-static DEVICE_SECONDS: MetricFamily = MetricFamily {
+pub static DEVICE_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_device_seconds",
     help: "Block request device time, issue to complete, by submitting process series (seconds).",
     kind: Kind::Histogram,
 };
-static QUEUE_SECONDS: MetricFamily = MetricFamily {
+pub static QUEUE_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_queue_seconds",
     help: "Block request queue time, submission (block_io_start; block_rq_insert before kernel 6.5) to issue (seconds).",
     kind: Kind::Histogram,
 };
-static SECONDS: MetricFamily = MetricFamily {
+pub static SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_seconds",
     help: "Block request time, submission to complete: queue plus device time, like biolatency -Q (seconds).",
     kind: Kind::Histogram,

@@ -8,7 +8,7 @@ use crate::{
     provisional::Provisional,
 };
 
-static DEVICE_INFO: MetricFamily = MetricFamily {
+pub static DEVICE_INFO: MetricFamily = MetricFamily {
     name: "pgio_device_info",
     help: "Block devices seen by pgio, and Longhorn volume devices: name, kernel major:minor and the Longhorn volume it is, if any (value is always 1).",
     kind: Kind::Gauge,

@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
 use prost::Message;
 
-use crate::hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds};
+use crate::log2_hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds};
 use crate::native;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

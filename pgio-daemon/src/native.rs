@@ -9,7 +9,7 @@
 //! one, never by more than one bucket. Slot 0 (`<= 1 ns`) is the zero bucket.
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
 
-use crate::hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds};
+use crate::log2_hist::{Log2Hist, MAX_SLOT, MIN_SLOT, le_seconds};
 
 /// Native bucket index of slot `k` is `k - SLOT_OFFSET`.
 pub const SLOT_OFFSET: i32 = 30;

@@ -25,12 +25,15 @@ pub fn object() -> &'static [u8] {
     OBJECT
 }
 
+/// The kernel side's counters of events it could not record (`self_metrics`).
+pub const DROPS_MAP: &str = "DROPS";
+
 /// Maps of the kernel side that belong to no family: the series map (`series`), the drop
 /// counters (`self_metrics`), the key quota (`key_quota`) and the benchmark's floor.
 pub const CORE_MAPS: &[&str] = &[
     series::TRACKED_MAP,
     series::CHILD_SERIES_MAP,
-    crate::self_metrics::DROPS_MAP,
+    DROPS_MAP,
     crate::key_owners::SERIES_OWNER_MAP,
     crate::key_quota::ALLOWANCE_MAP,
     crate::key_quota::REFUSED_MAP,

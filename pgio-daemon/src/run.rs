@@ -23,7 +23,7 @@ use crate::{
     http_server::{self, HttpStats},
     key_quota::{KeyQuota, KeyQuotaSource},
     lifecycle, privileges, probes,
-    self_metrics::{self, HttpSelfMetrics, SelfMetrics},
+    self_metrics::{HttpSelfMetrics, SelfMetrics},
     series::{KernelSeries, SharedTracked, Tracked},
     tracefs,
     tracked_processes::TrackedProcesses,
@@ -113,7 +113,7 @@ pub fn start(
     let probes::Probes { mut ebpf, status } = probes::load_and_attach(&config)?;
     let kernel_series = KernelSeries::take(&mut ebpf)?;
     let ring = lifecycle::take_ring(&mut ebpf)?;
-    let health = Arc::new(Health::new(&ebpf, self_metrics::DROPS_MAP).context("health probe")?);
+    let health = Arc::new(Health::new(&ebpf, probes::DROPS_MAP).context("health probe")?);
     let http_stats = Arc::new(HttpStats::default());
     let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(config.series_limits())));
     // Families are encoded in this order (device info last: it lists the devices the others

@@ -21,11 +21,9 @@ use crate::{
     http_server::HttpStats,
     lifecycle::PostgresProbeStats,
     maps::take_map,
-    probes::ProbeStatus,
+    probes::{DROPS_MAP, ProbeStatus},
     provisional::Provisional,
 };
-
-pub const DROPS_MAP: &str = "DROPS";
 
 /// Run time, runs and recursion misses of one program (`/proc/self/fdinfo/<fd>`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

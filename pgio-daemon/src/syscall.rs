@@ -248,12 +248,12 @@ impl Source for Syscalls {
 
 pub type SyscallSnapshot = HistSnapshot<SyscallId>;
 
-static SYSCALL_SECONDS: MetricFamily = MetricFamily {
+pub static SYSCALL_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_syscall_seconds",
     help: "IO syscall latency, enter to exit, per tracked process series; cache=miss when the calling thread submitted block IO during a read (seconds).",
     kind: Kind::Histogram,
 };
-static FUTEX_WAIT_SECONDS: MetricFamily = MetricFamily {
+pub static FUTEX_WAIT_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_futex_wait_seconds",
     help: "futex waits (WAIT, WAIT_BITSET, LOCK_PI, LOCK_PI2, WAIT_REQUEUE_PI; futex_waitv), enter to exit (seconds). Not IO. In Go programs such as the Longhorn engine and replicas most of this is the Go runtime parking idle threads (scheduler and sysmon sleeps), not waiting on replicas, IO or locks: it grows with idle threads, not with latency.",
     kind: Kind::Histogram,

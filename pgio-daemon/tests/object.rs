@@ -43,14 +43,21 @@ fn every_map_the_daemon_names_is_in_the_object_and_no_other() {
     let mut named = set(CORE_MAPS.iter().copied());
     for f in FAMILIES {
         for m in f.maps() {
-            assert!(named.insert((*m).to_owned()), "{m} named twice ({})", f.name());
+            assert!(
+                named.insert((*m).to_owned()),
+                "{m} named twice ({})",
+                f.name()
+            );
         }
         if let Some(h) = f.hist_map() {
             assert!(f.maps().contains(&h.map), "{}: its histogram map", f.name());
             assert_eq!(h.family, f.name());
         }
     }
-    assert_eq!(named, in_object, "maps named by the daemon vs in the object");
+    assert_eq!(
+        named, in_object,
+        "maps named by the daemon vs in the object"
+    );
 }
 
 #[test]
@@ -73,7 +80,10 @@ fn every_program_of_the_table_is_in_the_object_and_no_other() {
     named.extend(set(TWIN_PROGRAMS.iter().copied()));
     named.extend(set(FLOOR_PROGRAMS.iter().copied()));
     named.extend(set(FLOOR_PARTS.iter().copied()));
-    assert_eq!(named, in_object, "programs named by the daemon vs in the object");
+    assert_eq!(
+        named, in_object,
+        "programs named by the daemon vs in the object"
+    );
 }
 
 #[test]
@@ -125,7 +135,10 @@ fn family_names_are_unique_and_name_their_rooms() {
     for f in FAMILIES {
         assert!(seen.insert(f.name()), "{} twice", f.name());
         for krate in ["pgio-ebpf", "pgio-common", "pgio-daemon"] {
-            let room = root.join(krate).join("src").join(format!("{}.rs", f.name()));
+            let room = root
+                .join(krate)
+                .join("src")
+                .join(format!("{}.rs", f.name()));
             assert!(room.is_file(), "{} has no {}", f.name(), room.display());
         }
     }

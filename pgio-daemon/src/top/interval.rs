@@ -6,6 +6,7 @@ use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as p
 use serde::Serialize;
 
 use super::scrape::Scrape;
+use crate::{block_io, device_info::DEVICE_INFO, syscall};
 
 /// The histogram families `top` shows, by a short name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
@@ -26,11 +27,11 @@ pub enum Metric {
 impl Metric {
     pub fn family(self) -> &'static str {
         match self {
-            Metric::Syscall => "pgio_syscall_seconds",
-            Metric::Futex => "pgio_futex_wait_seconds",
-            Metric::Device => "pgio_block_io_device_seconds",
-            Metric::Queue => "pgio_block_io_queue_seconds",
-            Metric::Block => "pgio_block_io_seconds",
+            Metric::Syscall => syscall::SYSCALL_SECONDS.name,
+            Metric::Futex => syscall::FUTEX_WAIT_SECONDS.name,
+            Metric::Device => block_io::DEVICE_SECONDS.name,
+            Metric::Queue => block_io::QUEUE_SECONDS.name,
+            Metric::Block => block_io::SECONDS.name,
         }
     }
 
@@ -250,7 +251,7 @@ pub struct Layer {
 fn volume_devices(s: &Scrape, volume: &str) -> Vec<String> {
     s.families
         .iter()
-        .filter(|f| f.name == "pgio_device_info")
+        .filter(|f| f.name == DEVICE_INFO.name)
         .flat_map(|f| &f.metric)
         .filter(|m| {
             m.label
