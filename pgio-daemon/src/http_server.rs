@@ -14,6 +14,7 @@
 //!   and can be evicted like one waiting for its first request.
 mod conn;
 mod conn_task;
+mod metrics;
 mod registry;
 mod watched;
 
@@ -33,6 +34,7 @@ use tokio::{net::TcpListener, sync::watch, task::JoinSet, time::Instant};
 use tokio_rustls::{TlsAcceptor, rustls::ServerConfig};
 use tracing::{info, warn};
 
+pub use self::metrics::{HttpSelfMetrics, HttpSnapshot};
 use crate::lock;
 use conn::Conn;
 use conn_task::serve_connection;

@@ -23,6 +23,7 @@ use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent};
 use tracing::{debug, info, warn};
 
 use crate::{
+    exposition::{Encoder, Kind, MetricFamily},
     family::{Attach, Family, Probe, Taken},
     lock,
     maps::take_map,
@@ -114,6 +115,53 @@ pub struct PostgresProbeStats {
     pub binaries_refused: AtomicU64,
     /// Binaries detached because no process ran them any more.
     pub binaries_detached: AtomicU64,
+}
+
+impl PostgresProbeStats {
+    /// The counts now, for a scrape.
+    pub fn read(&self) -> PostgresBinaries {
+        PostgresBinaries {
+            attached: self.binaries_attached.load(Ordering::Relaxed),
+            refused: self.binaries_refused.load(Ordering::Relaxed),
+            detached: self.binaries_detached.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// `lifecycle::PostgresProbeStats` read at a scrape.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PostgresBinaries {
+    pub attached: u64,
+    pub refused: u64,
+    pub detached: u64,
+}
+
+static POSTGRES_BINARIES_ATTACHED: MetricFamily = MetricFamily {
+    name: "pgio_postgres_binaries_attached",
+    help: "Postgres binaries carrying pgio's uprobes now (at most max_postgres_binaries); a binary's uprobes are detached at the first rescan after no postmaster runs it.",
+    kind: Kind::Gauge,
+};
+static POSTGRES_BINARIES_REFUSED: MetricFamily = MetricFamily {
+    name: "pgio_postgres_binaries_refused",
+    help: "Postgres binaries not given uprobes because max_postgres_binaries were attached (binaries not owned by root: three quarters of it); tried again at each rescan. Their backends are classified from /proc, without titles from the kernel or query metrics.",
+    kind: Kind::Counter,
+};
+static POSTGRES_BINARIES_DETACHED: MetricFamily = MetricFamily {
+    name: "pgio_postgres_binaries_detached",
+    help: "Postgres binaries whose uprobes were detached because no postmaster ran them any more.",
+    kind: Kind::Counter,
+};
+impl PostgresBinaries {
+    /// Writes the families above (in `self_metrics`' order).
+    pub fn encode(&self, enc: &mut Encoder) {
+        let b = self;
+        enc.family(&POSTGRES_BINARIES_ATTACHED)
+            .gauge((), b.attached as i64);
+        enc.family(&POSTGRES_BINARIES_REFUSED)
+            .counter((), b.refused);
+        enc.family(&POSTGRES_BINARIES_DETACHED)
+            .counter((), b.detached);
+    }
 }
 
 /// A binary by `(st_dev, st_ino)`: the same file under several paths, or in several

@@ -1,11 +1,9 @@
-//! pgio's own health: events the kernel side dropped, probes attached, each program's run time,
-//! lifecycle events missed, build info.
+//! pgio's own health: probes attached, events the kernel side dropped, each program's run
+//! time, build info; in between, the series' (`series::metrics`) and the postgres binaries'
+//! (`lifecycle`) own counts, written by their modules.
 use std::{
     os::fd::{AsFd, AsRawFd, RawFd},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
 };
 
 use anyhow::Result;
@@ -18,8 +16,7 @@ use pgio_common::drops::{DROP_REASONS, DropReason};
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Kind, MetricFamily},
-    http_server::HttpStats,
-    lifecycle::PostgresProbeStats,
+    lifecycle::{PostgresBinaries, PostgresProbeStats},
     maps::take_map,
     probes::{DROPS_MAP, ProbeStatus},
     provisional::Provisional,
@@ -89,16 +86,11 @@ impl Source for SelfMetrics {
             .iter()
             .filter_map(|(name, fd)| Some((name.clone(), program_stats(*fd)?)))
             .collect();
-        let p = &self.postgres_probes;
         Box::new(SelfSnapshot {
             probes: self.probes.clone(),
             drops,
             programs,
-            postgres_binaries: PostgresBinaries {
-                attached: p.binaries_attached.load(Ordering::Relaxed),
-                refused: p.binaries_refused.load(Ordering::Relaxed),
-                detached: p.binaries_detached.load(Ordering::Relaxed),
-            },
+            postgres_binaries: self.postgres_probes.read(),
         })
     }
 }
@@ -111,14 +103,6 @@ pub struct SelfSnapshot {
     pub postgres_binaries: PostgresBinaries,
 }
 
-/// `lifecycle::PostgresProbeStats` read at a scrape.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PostgresBinaries {
-    pub attached: u64,
-    pub refused: u64,
-    pub detached: u64,
-}
-
 static PROBE_ATTACHED: MetricFamily = MetricFamily {
     name: "pgio_probe_attached",
     help: "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
@@ -127,41 +111,6 @@ static PROBE_ATTACHED: MetricFamily = MetricFamily {
 static EVENTS_DROPPED: MetricFamily = MetricFamily {
     name: "pgio_events_dropped",
     help: "Kernel events pgio could not record, by reason.",
-    kind: Kind::Counter,
-};
-static EXITS_MISSED: MetricFamily = MetricFamily {
-    name: "pgio_exits_missed",
-    help: "Tracked processes the periodic /proc rescan found gone although no exit event untracked them (lost lifecycle events). Should stay 0; until the rescan, such a process is still counted in pgio_tracked_processes.",
-    kind: Kind::Counter,
-};
-static PROVISIONAL: MetricFamily = MetricFamily {
-    name: "pgio_provisional_processes",
-    help: "Processes whose events pgio holds back until it has classified them: a postmaster's new children until their title, a postmaster until its cluster is known. Their events appear in a later scrape, under the series they are classified as (role=\"starting\" if never).",
-    kind: Kind::Gauge,
-};
-static SERIES: MetricFamily = MetricFamily {
-    name: "pgio_series",
-    help: "Label sets (series ids) pgio holds now, kernel and userspace: the live processes' label sets plus those within series_retention_secs of their last process, at most max_series (plus one overflow series per app).",
-    kind: Kind::Gauge,
-};
-static SERIES_RETIRED: MetricFamily = MetricFamily {
-    name: "pgio_series_retired",
-    help: "Series dropped from the exposition series_retention_secs after their last process exited; their ids are reused.",
-    kind: Kind::Counter,
-};
-static SERIES_REFUSED: MetricFamily = MetricFamily {
-    name: "pgio_series_refused",
-    help: "New label sets booked under their app's role=\"overflow\" series because max_series, max_series_per_app or max_series_per_group was reached (counted per classification).",
-    kind: Kind::Counter,
-};
-static LABELS_TRUNCATED: MetricFamily = MetricFamily {
-    name: "pgio_label_values_truncated",
-    help: "Label sets with a value cut at max_label_len bytes.",
-    kind: Kind::Counter,
-};
-static KERNEL_MAP_ERRORS: MetricFamily = MetricFamily {
-    name: "pgio_kernel_map_errors",
-    help: "Failed writes of a process' or a postmaster's children's series into the kernel's maps (that process is booked as untracked). Should stay 0.",
     kind: Kind::Counter,
 };
 static PROGRAM_RUN_SECONDS: MetricFamily = MetricFamily {
@@ -177,21 +126,6 @@ static PROGRAM_RUNS: MetricFamily = MetricFamily {
 static RECURSION_MISSES: MetricFamily = MetricFamily {
     name: "pgio_bpf_recursion_misses",
     help: "Runs of each eBPF program the kernel skipped because another BPF program was running on that CPU.",
-    kind: Kind::Counter,
-};
-static POSTGRES_BINARIES_ATTACHED: MetricFamily = MetricFamily {
-    name: "pgio_postgres_binaries_attached",
-    help: "Postgres binaries carrying pgio's uprobes now (at most max_postgres_binaries); a binary's uprobes are detached at the first rescan after no postmaster runs it.",
-    kind: Kind::Gauge,
-};
-static POSTGRES_BINARIES_REFUSED: MetricFamily = MetricFamily {
-    name: "pgio_postgres_binaries_refused",
-    help: "Postgres binaries not given uprobes because max_postgres_binaries were attached (binaries not owned by root: three quarters of it); tried again at each rescan. Their backends are classified from /proc, without titles from the kernel or query metrics.",
-    kind: Kind::Counter,
-};
-static POSTGRES_BINARIES_DETACHED: MetricFamily = MetricFamily {
-    name: "pgio_postgres_binaries_detached",
-    help: "Postgres binaries whose uprobes were detached because no postmaster ran them any more.",
     kind: Kind::Counter,
 };
 static BUILD_INFO: MetricFamily = MetricFamily {
@@ -210,22 +144,7 @@ impl Snapshot for SelfSnapshot {
         for d in DropReason::ALL {
             f.counter([("reason", d.name())], self.drops[d as usize]);
         }
-        enc.family(&EXITS_MISSED)
-            .counter((), scrape.tracked.exits_missed);
-        enc.family(&PROVISIONAL)
-            .gauge((), scrape.tracked.provisional.open() as i64);
-        let registry = &scrape.tracked.registry;
-        enc.family(&SERIES).gauge((), registry.len() as i64);
-        enc.family(&SERIES_RETIRED)
-            .counter((), registry.retired_total);
-        let mut f = enc.family(&SERIES_REFUSED);
-        for (app, n) in &registry.refused {
-            f.counter([("app", app.as_str())], *n);
-        }
-        enc.family(&LABELS_TRUNCATED)
-            .counter((), registry.truncated_total);
-        enc.family(&KERNEL_MAP_ERRORS)
-            .counter((), scrape.tracked.kernel_map_errors);
+        scrape.tracked.encode_self(enc);
         fn program(name: &str) -> [(&str, &str); 1] {
             [("program", name)]
         }
@@ -241,85 +160,8 @@ impl Snapshot for SelfSnapshot {
         for (name, s) in &self.programs {
             f.counter(program(name), s.recursion_misses);
         }
-        let b = &self.postgres_binaries;
-        enc.family(&POSTGRES_BINARIES_ATTACHED)
-            .gauge((), b.attached as i64);
-        enc.family(&POSTGRES_BINARIES_REFUSED)
-            .counter((), b.refused);
-        enc.family(&POSTGRES_BINARIES_DETACHED)
-            .counter((), b.detached);
+        self.postgres_binaries.encode(enc);
         enc.family(&BUILD_INFO)
             .gauge([("version", env!("CARGO_PKG_VERSION"))], 1);
-    }
-}
-
-/// What the HTTP server did with its connections (`http_server`).
-pub struct HttpSelfMetrics(pub Arc<HttpStats>);
-
-#[derive(Debug, Default)]
-pub struct HttpSnapshot {
-    pub open: u64,
-    pub accepted: u64,
-    pub rejected: u64,
-    /// By reason.
-    pub closed: [(&'static str, u64); 3],
-    pub accept_errors: u64,
-}
-
-impl Source for HttpSelfMetrics {
-    fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
-        let h = &self.0;
-        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Box::new(HttpSnapshot {
-            open: v(&h.open),
-            accepted: v(&h.accepted),
-            rejected: v(&h.rejected),
-            closed: [
-                ("evicted", v(&h.evicted)),
-                ("header_timeout", v(&h.header_timeouts)),
-                ("idle_timeout", v(&h.idle_timeouts)),
-            ],
-            accept_errors: v(&h.accept_errors),
-        })
-    }
-}
-
-static HTTP_OPEN: MetricFamily = MetricFamily {
-    name: "pgio_http_connections",
-    help: "HTTP connections open now (at most http_max_connections, + 1 for a moment).",
-    kind: Kind::Gauge,
-};
-static HTTP_ACCEPTED: MetricFamily = MetricFamily {
-    name: "pgio_http_connections_accepted",
-    help: "HTTP connections accepted, including those closed at once.",
-    kind: Kind::Counter,
-};
-static HTTP_REJECTED: MetricFamily = MetricFamily {
-    name: "pgio_http_connections_rejected",
-    help: "HTTP connections closed at once: http_max_connections were open and none could be evicted (all busy with a request, or one already closing).",
-    kind: Kind::Counter,
-};
-static HTTP_CLOSED: MetricFamily = MetricFamily {
-    name: "pgio_http_connections_closed",
-    help: "HTTP connections pgio closed, by reason: evicted (the one waiting longest for a request, to make room at http_max_connections), header_timeout (no complete request head within http_header_timeout_secs), idle_timeout (no request within http_idle_timeout_secs).",
-    kind: Kind::Counter,
-};
-static HTTP_ACCEPT_ERRORS: MetricFamily = MetricFamily {
-    name: "pgio_http_accept_errors",
-    help: "Failed accept() calls on the HTTP socket (e.g. out of file descriptors).",
-    kind: Kind::Counter,
-};
-
-impl Snapshot for HttpSnapshot {
-    fn encode(&self, _: &mut Scrape<'_>, enc: &mut Encoder) {
-        enc.family(&HTTP_OPEN).gauge((), self.open as i64);
-        enc.family(&HTTP_ACCEPTED).counter((), self.accepted);
-        enc.family(&HTTP_REJECTED).counter((), self.rejected);
-        let mut f = enc.family(&HTTP_CLOSED);
-        for (reason, n) in self.closed {
-            f.counter([("reason", reason)], n);
-        }
-        enc.family(&HTTP_ACCEPT_ERRORS)
-            .counter((), self.accept_errors);
     }
 }

@@ -11,6 +11,8 @@
 //! its app's `role="overflow"` series instead, counted in `pgio_series_refused_total`. A group
 //! is what one postmaster (or one pod) can create, so a hostile cluster fills its own group,
 //! not a legitimate cluster's.
+mod metrics;
+
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
