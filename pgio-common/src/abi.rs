@@ -60,6 +60,18 @@ macro_rules! abi_size {
     };
 }
 
+/// `aya::Pod` for types shared with the kernel, in userspace builds (`user` feature).
+#[macro_export]
+macro_rules! abi_pod {
+    ($($t:ty),+ $(,)?) => {
+        $(
+            #[cfg(feature = "user")]
+            // SAFETY: #[repr(C)] (or transparent) plain integers with explicit padding fields.
+            unsafe impl aya::Pod for $t {}
+        )+
+    };
+}
+
 #[cfg(test)]
 mod tests {
     abi_enum! {

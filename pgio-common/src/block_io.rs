@@ -113,6 +113,7 @@ impl BlockIoInflight {
 
 crate::abi_size!(BlockIoKey, 12, 4);
 crate::abi_size!(BlockIoInflight, 40, 8);
+crate::abi_pod!(BlockIoKey, BlockIoInflight);
 
 /// `dev_t` as the kernel packs it internally (`MKDEV`).
 pub const fn mkdev(major: u32, minor: u32) -> u32 {

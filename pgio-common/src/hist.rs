@@ -21,6 +21,7 @@ pub struct Bucket {
 }
 
 crate::abi_size!(Bucket, 24, 8);
+crate::abi_pod!(Bucket);
 
 /// `ceil(log2(v))`, written with shifts only: BPF has no count-leading-zeros instruction.
 #[inline(always)]

@@ -54,3 +54,4 @@ pub struct KernelOffsets {
 }
 
 crate::abi_size!(KernelOffsets, 80, 4);
+crate::abi_pod!(KernelOffsets);

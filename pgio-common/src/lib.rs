@@ -64,19 +64,4 @@ impl SeriesId {
 
 abi_size!(SeriesId, 4, 4);
 
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: all are #[repr(C)] plain integers with explicit padding fields.
-    unsafe impl aya::Pod for crate::SeriesId {}
-    unsafe impl aya::Pod for crate::hist::Bucket {}
-    unsafe impl aya::Pod for crate::block_io::BlockIoKey {}
-    unsafe impl aya::Pod for crate::block_io::BlockIoInflight {}
-    unsafe impl aya::Pod for crate::kernel_offsets::KernelOffsets {}
-    unsafe impl aya::Pod for crate::syscall::SyscallKey {}
-    unsafe impl aya::Pod for crate::syscall::SyscallStart {}
-    unsafe impl aya::Pod for crate::syscall::CpuSyscall {}
-    unsafe impl aya::Pod for crate::syscall::SyscallRow {}
-    unsafe impl aya::Pod for crate::lifecycle::LifecycleEvent {}
-    unsafe impl aya::Pod for crate::query::QueryKey {}
-    unsafe impl aya::Pod for crate::query::QueryState {}
-}
+abi_pod!(SeriesId);

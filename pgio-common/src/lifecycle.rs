@@ -61,3 +61,4 @@ pub struct LifecycleEvent {
 
 crate::abi_size!(TitleEvent, 272, 4);
 crate::abi_size!(LifecycleEvent, 16, 4);
+crate::abi_pod!(LifecycleEvent);

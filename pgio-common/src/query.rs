@@ -51,3 +51,4 @@ pub struct QueryState {
 
 crate::abi_size!(QueryKey, 8, 4);
 crate::abi_size!(QueryState, 40, 8);
+crate::abi_pod!(QueryKey, QueryState);

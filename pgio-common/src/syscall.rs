@@ -156,6 +156,7 @@ crate::abi_size!(SyscallKey, 8, 4);
 crate::abi_size!(SyscallStart, 16, 8);
 crate::abi_size!(CpuSyscall, 32, 8);
 crate::abi_size!(SyscallRow, 528, 8);
+crate::abi_pod!(SyscallKey, SyscallStart, CpuSyscall, SyscallRow);
 
 /// futex(2) commands that wait (after masking PRIVATE and CLOCK_REALTIME): WAIT,
 /// LOCK_PI, WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2. glibc's `sem_wait` (Postgres
