@@ -231,8 +231,50 @@ pub fn integration(root: &Path, skip_setup: bool, opts: &Options) -> Result<()> 
         fmt_duration(started.elapsed())
     ));
     let failed: usize = reports.iter().map(KernelReport::failures).sum();
+    if failed == 0 && is_whole_matrix(opts) {
+        let path = root.join("KERNELS.md");
+        fs::write(&path, kernels_md(root, &text, started.elapsed()))
+            .with_context(|| format!("writing {}", path.display()))?;
+        step(format!(
+            "integration: the whole matrix passed: {}",
+            path.display()
+        ));
+    }
     ensure!(failed == 0, "{failed} failure(s)");
     Ok(())
+}
+
+/// Every kernel with the default tests: the run KERNELS.md reports.
+fn is_whole_matrix(opts: &Options) -> bool {
+    let kernels: Vec<&str> = opts.kernels.iter().map(|k| k.series).collect();
+    let all: Vec<&str> = KERNELS.iter().map(|k| k.series).collect();
+    let tests: Vec<String> = opts.tests.iter().map(TestSpec::to_string).collect();
+    kernels == all && tests == DEFAULT_TESTS
+}
+
+/// KERNELS.md: the report of a whole-matrix run that passed, with where it ran.
+fn kernels_md(root: &Path, report: &str, took: Duration) -> String {
+    let host = output(Command::new("uname").arg("-r"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let commit =
+        output(
+            Command::new("git")
+                .arg("-C")
+                .arg(root)
+                .args(["rev-parse", "--short", "HEAD"]),
+        )
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "# pgio on Debian's kernels\n\n\
+         Written by `cargo xtask integration --kernel all` (this file is its output, only when \
+         every test passed on every kernel): tree {commit}, host kernel {host}, 2 vCPUs of TCG \
+         per guest, {} for the whole matrix. Each test's figures are what it printed; the \
+         setup and the minimum kernel per feature are in [docs/testing.md](docs/testing.md#kernels).\n\n{}",
+        fmt_duration(took),
+        report.trim_start_matches("## cargo xtask integration\n\n")
+    )
 }
 
 fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
@@ -1056,6 +1098,16 @@ mod tests {
         let specs: Vec<TestSpec> = DEFAULT_TESTS.iter().map(|s| s.parse().unwrap()).collect();
         assert_eq!(pg_majors(&specs), [17]);
         assert_eq!(pg_majors(&["pg_scan".parse().unwrap()]), [16, 17, 18]);
+    }
+
+    #[test]
+    fn only_the_whole_matrix_writes_kernels_md() {
+        let mut opts = ci_options(DEFAULT_TESTS).unwrap();
+        assert!(!is_whole_matrix(&opts), "6.1 alone");
+        opts.kernels = kernel_by_series("all").unwrap();
+        assert!(is_whole_matrix(&opts));
+        opts.tests.pop();
+        assert!(!is_whole_matrix(&opts), "fewer tests");
     }
 
     #[test]
