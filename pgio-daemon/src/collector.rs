@@ -133,8 +133,8 @@ impl Collector {
 
     fn fold(&self) {
         let routes = {
-            let mut t = lock(&self.tracked);
-            if !t.provisional.take_closed_since_fold() && t.provisional.retired.is_empty() {
+            let t = lock(&self.tracked);
+            if !t.provisional.has_closed() && t.provisional.retired.is_empty() {
                 return;
             }
             t.provisional.clone()

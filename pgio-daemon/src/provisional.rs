@@ -1,8 +1,10 @@
 //! Provisional series of freshly forked processes. A postmaster's child runs in its own
 //! kernel series `PROVISIONAL | tgid` until pgio has read its title (a millisecond or so).
-//! Its events are held back while that lasts; once the child is classified, the next map read
-//! (a scrape, or `collector::Collector::every_second`) folds them into the series it
-//! was classified as and deletes them from the kernel map. A child
+//! Its events are held back while that lasts; once the child is classified, a scrape shows
+//! them under the series it was classified as, and the once-a-second pass
+//! (`collector::Collector::pass`) folds them into that series and deletes them from the kernel
+//! map, every second while the closed entry lasts (a late block completion recreates its
+//! key). A child
 //! that exits unclassified has its events folded into its cluster's `role="starting"` series.
 //! So connection churn books no event under a wrong series, and every exported series stays
 //! monotonic (showing events under `starting` first and moving them later would not).
@@ -20,8 +22,6 @@ const GRACE: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, Default)]
 pub struct Provisional {
     entries: HashMap<u32, Entry>,
-    /// Entries closed since the last fold: their keys still sit in the kernel maps.
-    closed_since_fold: usize,
     /// Fallback series of a provisional process whose parent is not known (the cluster-less
     /// `starting` series).
     pub orphan: SeriesId,
@@ -77,7 +77,6 @@ impl Provisional {
         if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
             e.target = Some(series);
             e.closed_at = Some(Instant::now());
-            self.closed_since_fold += 1;
         }
     }
 
@@ -106,13 +105,13 @@ impl Provisional {
     pub fn closed(&mut self, pid: u32) {
         if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.closed_at.is_none()) {
             e.closed_at = Some(Instant::now());
-            self.closed_since_fold += 1;
         }
     }
 
-    /// Whether entries were closed since the last call: a fold pass has keys to move.
-    pub fn take_closed_since_fold(&mut self) -> bool {
-        std::mem::take(&mut self.closed_since_fold) > 0
+    /// Whether closed entries are kept (for `GRACE`): their keys, also those a late event
+    /// made after the last fold, are for the fold pass to move.
+    pub fn has_closed(&self) -> bool {
+        self.entries.values().any(|e| e.closed_at.is_some())
     }
 
     pub fn route(&self, series: SeriesId) -> Route {
@@ -184,11 +183,10 @@ mod tests {
         assert!(p.is_open(100));
         assert_eq!(p.open(), 2);
         assert_eq!(p.route(SeriesId::provisional(100)), Route::Pending);
-        assert!(!p.take_closed_since_fold());
+        assert!(!p.has_closed());
         p.resolved(100, s(7));
         p.closed(101);
-        assert!(p.take_closed_since_fold());
-        assert!(!p.take_closed_since_fold());
+        assert!(p.has_closed());
         assert!(!p.is_open(100));
         assert_eq!(
             (p.open(), p.len()),
@@ -218,5 +216,6 @@ mod tests {
         p.expire(Instant::now() + GRACE + Duration::from_secs(1));
         assert_eq!(p.len(), 1);
         assert!(p.is_open(103));
+        assert!(!p.has_closed(), "expired with their grace");
     }
 }
