@@ -234,7 +234,7 @@ fn pg15_cold_scan_io_share() {
 
 /// The same on PostgreSQL 18 with `io_method = worker`: io workers do the reads, the backend
 /// waits for them in `pgaio_wref_wait`, and that wait is the query's IO time. It is compared
-/// with the io workers' read time in the window.
+/// with the backend's `read_time` in `pg_stat_io`, which also counts starting the reads.
 #[test]
 fn pg18_worker_cold_scan_io_share() {
     cold_scan(18, 56_516, Some("worker"));
@@ -356,17 +356,24 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
     }
     assert_eq!(queries, 1.0, "one query in the window");
     assert_eq!(calls, "1");
-    // With io workers the backend's IO time is its wait for them, which PostgreSQL measures
-    // too; without, its own syscalls.
-    let want = if io_method.is_some() {
-        pg_read_s
+    if io_method.is_some() {
+        // With io workers the backend's IO time is its wait for them (`pgaio_wref_wait`).
+        // PostgreSQL 18's read_time holds that wait and, besides, the time the backend spends
+        // starting each read (`AsyncReadBuffers` times `smgrstartreadv`: staging the IO and
+        // handing it to a worker), which is CPU, not waiting. Measured here: pgio's wait is
+        // 4.4-6.2 % below read_time, never above it. So: never more than read_time (1 %
+        // for the two clocks), and the starts at most 15 % of it.
+        assert!(
+            pg_read_s > 0.0 && io_s <= 1.01 * pg_read_s && io_s >= 0.85 * pg_read_s,
+            "query IO {io_s} s vs pg_stat_io read_time {pg_read_s} s"
+        );
     } else {
-        syscall_s
-    };
-    assert!(
-        (io_s - want).abs() <= 0.05 * want && want > 0.0,
-        "query IO {io_s} s vs {want} s"
-    );
+        // Without, its own syscalls.
+        assert!(
+            (io_s - syscall_s).abs() <= 0.05 * syscall_s && syscall_s > 0.0,
+            "query IO {io_s} s vs {syscall_s} s"
+        );
+    }
     assert!(
         (query_s - exec_s).abs() <= 0.05 * exec_s,
         "query {query_s} s vs pg_stat_statements {exec_s} s"
