@@ -6,8 +6,9 @@ use caps::{CapSet, Capability};
 
 use crate::{
     btf::{self, KernelBtf},
+    config::Config,
     family::Attach,
-    kernel_offsets, probes, tracefs,
+    kernel_offsets, map_memory, probes, tracefs,
 };
 
 #[derive(Debug, PartialEq, Eq)]
@@ -78,6 +79,7 @@ pub fn run_checks() -> Vec<Finding> {
             None
         }
     };
+    out.push(map_memory_finding());
     for probe in probes::table() {
         let program = &*probe.program;
         let (kind, present) = match probe.attach {
@@ -109,6 +111,15 @@ pub fn run_checks() -> Vec<Finding> {
         out.push(finding(level, what));
     }
     out
+}
+
+/// The kernel memory the maps will take on this node with the default config, against what
+/// the memory cgroup has left.
+fn map_memory_finding() -> Finding {
+    match map_memory::require_fits(&Config::default()) {
+        Ok(line) => finding(Level::Ok, line),
+        Err(e) => finding(Level::Fail, format!("{e:#}")),
+    }
 }
 
 /// Capabilities only (what `run` checks before loading anything).

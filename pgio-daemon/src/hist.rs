@@ -12,7 +12,7 @@ use std::{
 use anyhow::Result;
 use aya::{
     Ebpf,
-    maps::{MapData, PerCpuHashMap},
+    maps::{HashMap as BpfHashMap, MapData},
 };
 use pgio_common::{
     SeriesId,
@@ -72,7 +72,8 @@ pub trait Balanced: Send + Sync {
     fn evict(&self, owner_of: &dyn Fn(SeriesId) -> u8, want: &[u32]) -> Result<Vec<u32>>;
 }
 
-/// Reads one per-CPU histogram map: sums the CPUs and gathers slots into histograms. Keys of
+/// Reads one histogram map (one value per key, every CPU adds to it) and gathers slots into
+/// histograms. Keys of
 /// provisional series (see `provisional`) are left in the map while their process is being
 /// classified, then moved into the series it was classified as: deleted from the kernel map
 /// and kept in `carry`, so every exported series stays monotonic. Scrapes only read
@@ -80,7 +81,7 @@ pub trait Balanced: Send + Sync {
 pub struct HistReader<K: HistKey> {
     spec: &'static HistMapSpec,
     max_entries: u32,
-    map: Mutex<PerCpuHashMap<MapData, K, Bucket>>,
+    map: Mutex<BpfHashMap<MapData, K, Bucket>>,
     carry: Mutex<Hists<K::Id>>,
     /// Counts userspace books under a kernel key (`book`, `evict`): they take the same routes
     /// as the map's entries.
@@ -132,7 +133,7 @@ impl<K: HistKey> HistReader<K> {
     }
 
     /// Adds `b` under `key` from userspace, for what only userspace finds (the block sweep's
-    /// lost requests); writing the per-CPU map would race the kernel's own adds.
+    /// lost requests); writing the map would race the kernel's own atomic adds.
     pub fn book(&self, key: K, b: Bucket) {
         add_bucket(lock(&self.booked).entry(key).or_default(), &b);
     }
@@ -142,25 +143,22 @@ impl<K: HistKey> HistReader<K> {
     /// left out.
     pub fn peek(&self, routes: &Provisional) -> Result<Hists<K::Id>> {
         let mut out = Hists::new();
-        let mut add = |key: &K, b: &mut dyn Iterator<Item = &Bucket>| {
+        let mut add = |key: &K, b: &Bucket| {
             let series = match routes.route(key.series()) {
                 Route::Own => key.series(),
                 Route::Fold(series) => series,
                 Route::Pending | Route::Retired => return,
             };
             if let Some(id) = self.id(key, series) {
-                let h = out.entry(id).or_default();
-                for b in b {
-                    h.add(key.slot(), b);
-                }
+                out.entry(id).or_default().add(key.slot(), b);
             }
         };
         for entry in lock(&self.map).iter() {
-            let (key, per_cpu) = entry?;
-            add(&key, &mut per_cpu.iter());
+            let (key, b) = entry?;
+            add(&key, &b);
         }
         for (key, b) in lock(&self.booked).iter() {
-            add(key, &mut std::iter::once(b));
+            add(key, b);
         }
         for (id, h) in lock(&self.carry).iter() {
             if !routes.retired.contains(&id.series()) {
@@ -181,14 +179,11 @@ impl<K: HistKey> HistReader<K> {
                 Route::Own | Route::Pending => continue,
                 Route::Fold(series) => {
                     // Gone already is fine: nothing else deletes, and a late event recreates it.
-                    let Ok(per_cpu) = map.get(&key, 0) else {
+                    let Ok(b) = map.get(&key, 0) else {
                         continue;
                     };
                     if let Some(id) = self.id(&key, series) {
-                        let h = carry.entry(id).or_default();
-                        for b in per_cpu.iter() {
-                            h.add(key.slot(), b);
-                        }
+                        carry.entry(id).or_default().add(key.slot(), &b);
                     }
                 }
                 Route::Retired => {}
@@ -254,16 +249,13 @@ impl<K: HistKey + 'static> Balanced for HistReader<K> {
             .collect();
         let mut booked = lock(&self.booked);
         for key in keys {
-            let Ok(per_cpu) = map.get(&key, 0) else {
+            let Ok(b) = map.get(&key, 0) else {
                 continue;
             };
             if map.remove(&key).is_err() {
                 continue;
             }
-            let sum = booked.entry(key).or_default();
-            for b in per_cpu.iter() {
-                add_bucket(sum, b);
-            }
+            add_bucket(booked.entry(key).or_default(), &b);
             moved[owner_of(key.series()) as usize] += 1;
         }
         Ok(moved)

@@ -29,6 +29,7 @@ pub mod key_quota;
 pub mod labels;
 pub mod lifecycle;
 pub mod log2_hist;
+pub mod map_memory;
 pub mod maps;
 pub mod native;
 pub mod pods;

@@ -40,6 +40,7 @@ pub const CORE_MAPS: &[&str] = &[
     crate::key_quota::ON_MAP,
     "PART_TID_HASH",
     "PART_HASH",
+    "PART_SHARED_HASH",
     "PART_ARRAY",
     "PART_TID",
 ];
@@ -107,13 +108,14 @@ pub const FLOOR_PROGRAMS: &[&str] = &[
     "floor_tp_btf_sys_exit",
 ];
 
-pub const FLOOR_PARTS: [&str; 7] = [
+pub const FLOOR_PARTS: [&str; 8] = [
     "part_pid_tgid",
     "part_tracked",
     "part_tid_array",
     "part_ktime",
     "part_tid_hash",
     "part_hash",
+    "part_shared_hash",
     "part_array",
 ];
 
@@ -183,26 +185,36 @@ fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> Result<()
 
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
 /// is attached): every family's map sizes and globals from `config`.
-fn load(offsets: &KernelOffsets, config: &Config) -> Result<Ebpf> {
+/// `(map, max_entries)` the loader sets: the maps sized from this node (pid_max) or from the
+/// config (each family's `setup`).
+pub fn map_sizes(config: &Config) -> Vec<(&'static str, u32)> {
     // One slot per pid: the tgid-indexed array must reach pid_max.
     let pid_max = procfs::sys::kernel::pid_max()
         .ok()
         .and_then(|p| u32::try_from(p).ok())
         .unwrap_or(pgio_common::PID_MAX_LIMIT)
         .min(pgio_common::PID_MAX_LIMIT);
-    let setups: Vec<_> = FAMILIES.iter().map(|f| f.setup(config)).collect();
     // The key quota's arrays hold one row of owners per histogram map.
     let quota_rows = FAMILIES.iter().filter(|f| f.hist_map().is_some()).count() as u32;
+    let mut sizes = vec![
+        (series::TRACKED_MAP, pid_max),
+        (crate::key_quota::ALLOWANCE_MAP, quota_rows * OWNER_SLOTS),
+        (crate::key_quota::REFUSED_MAP, quota_rows * OWNER_SLOTS),
+    ];
+    for f in FAMILIES {
+        sizes.extend(f.setup(config).map_sizes);
+    }
+    sizes
+}
+
+fn load(offsets: &KernelOffsets, config: &Config) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
-    loader
-        .override_global(kernel_offsets::GLOBAL, offsets, true)
-        .map_max_entries(series::TRACKED_MAP, pid_max)
-        .map_max_entries(crate::key_quota::ALLOWANCE_MAP, quota_rows * OWNER_SLOTS)
-        .map_max_entries(crate::key_quota::REFUSED_MAP, quota_rows * OWNER_SLOTS);
+    loader.override_global(kernel_offsets::GLOBAL, offsets, true);
+    for (map, size) in map_sizes(config) {
+        loader.map_max_entries(map, size);
+    }
+    let setups: Vec<_> = FAMILIES.iter().map(|f| f.setup(config)).collect();
     for setup in &setups {
-        for (map, size) in &setup.map_sizes {
-            loader.map_max_entries(map, *size);
-        }
         for (global, value) in &setup.globals {
             loader.override_global(global, value.as_slice(), true);
         }

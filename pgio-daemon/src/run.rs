@@ -22,7 +22,9 @@ use crate::{
     http,
     http_server::{self, HttpSelfMetrics, HttpStats},
     key_quota::{KeyQuota, KeyQuotaSource},
-    lifecycle, privileges, probes,
+    lifecycle,
+    map_memory::{self, MapMemory},
+    privileges, probes,
     self_metrics::SelfMetrics,
     series::{KernelSeries, SharedTracked, Tracked},
     tracefs,
@@ -110,7 +112,16 @@ pub fn start(
     } else {
         None
     };
+    // Before anything is created: maps that cannot fit the memory cgroup fail here, named.
+    info!("{}", map_memory::require_fits(&config)?);
     let probes::Probes { mut ebpf, status } = probes::load_and_attach(&config)?;
+    let map_memory = MapMemory::measure(&ebpf);
+    info!(
+        maps = map_memory.maps.len(),
+        bytes = map_memory.total(),
+        "eBPF maps loaded: {} of kernel memory (fdinfo memlock)",
+        map_memory::mib(map_memory.total())
+    );
     let kernel_series = KernelSeries::take(&mut ebpf)?;
     let ring = lifecycle::take_ring(&mut ebpf)?;
     let health = Arc::new(Health::new(&ebpf, probes::DROPS_MAP).context("health probe")?);
@@ -133,6 +144,7 @@ pub fn start(
     collector.register(Box::new(KeyQuotaSource(key_quota.clone())));
     collector.register(Box::new(TrackedProcesses));
     collector.register(Box::new(DeviceInfo));
+    collector.register(Box::new(map_memory));
     let postgres_probe_stats = Arc::new(lifecycle::PostgresProbeStats::default());
     collector.register(Box::new(SelfMetrics::take(
         &mut ebpf,

@@ -22,6 +22,7 @@ use pgio_daemon::{
     key_quota::{KeyQuotaSnapshot, MapStats},
     labels::Labels,
     lifecycle::PostgresBinaries,
+    map_memory::MapMemory,
     probes::ProbeStatus,
     query::{QueryId, QuerySnapshot},
     self_metrics::{ProgramStats, SelfSnapshot},
@@ -46,6 +47,7 @@ struct Readings {
     key_quota: KeyQuotaSnapshot,
     http: HttpSnapshot,
     web: WebSnapshot,
+    map_memory: MapMemory,
 }
 
 fn exposition(r: &Readings, format: Format) -> String {
@@ -70,13 +72,14 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 9] = [
+    let sources: [&dyn Snapshot; 10] = [
         &r.block,
         &r.syscalls,
         &r.queries,
         &r.key_quota,
         &TrackedProcesses,
         &DeviceInfo,
+        &r.map_memory,
         &r.self_metrics,
         &r.http,
         &r.web,
@@ -150,6 +153,13 @@ fn all_families() -> Readings {
     r.web = WebSnapshot {
         tls_handshake_failures: Some(8),
         auth: Some(([("missing", 9), ("wrong", 10), ("busy", 11)], 12)),
+    };
+    r.map_memory = MapMemory {
+        maps: vec![
+            ("BLOCK_IO_HIST".to_owned(), 5_505_024),
+            ("SYSCALL_ROWS_MAP".to_owned(), 17_303_552),
+        ],
+        possible_cpus: 128,
     };
     r
 }

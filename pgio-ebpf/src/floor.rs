@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use pgio_common::hist::Bucket;
 
-use crate::tracked;
+use crate::{atomic::atomic_add, tracked};
 
 #[tracepoint]
 pub fn floor_sys_enter_pread64(_ctx: TracePointContext) -> u32 {
@@ -52,6 +52,10 @@ static PART_TID_HASH: HashMap<u32, u64> = HashMap::with_max_entries(16_384, 0);
 
 #[map]
 static PART_HASH: PerCpuHashMap<u64, Bucket> = PerCpuHashMap::with_max_entries(1_024, 0);
+
+/// The histogram maps' kind: one value for all CPUs.
+#[map]
+static PART_SHARED_HASH: HashMap<u64, Bucket> = HashMap::with_max_entries(1_024, 0);
 
 #[map]
 static PART_ARRAY: PerCpuArray<Bucket> = PerCpuArray::with_max_entries(1_024, 0);
@@ -115,6 +119,24 @@ pub fn part_hash(_ctx: TracePointContext) -> u32 {
         },
         None => {
             let _ = PART_HASH.insert(&key, &Bucket::default(), BPF_NOEXIST as u64);
+        }
+    }
+    0
+}
+
+/// One existing key of a shared hash, two atomic adds: what `hist::add` does for a known
+/// key (the bytes add is skipped when there are none).
+#[tracepoint]
+pub fn part_shared_hash(_ctx: TracePointContext) -> u32 {
+    let key = 7u64;
+    match PART_SHARED_HASH.get_ptr_mut(&key) {
+        // SAFETY: a map value, valid while the program runs.
+        Some(b) => unsafe {
+            atomic_add(&raw mut (*b).count, 1);
+            atomic_add(&raw mut (*b).sum, 1_000);
+        },
+        None => {
+            let _ = PART_SHARED_HASH.insert(&key, &Bucket::default(), BPF_NOEXIST as u64);
         }
     }
     0

@@ -1,23 +1,29 @@
-//! One sparse per-CPU hash entry per (key, log2 slot): one lookup and three adds per event. A
-//! new key costs one of its owner's allowance (`key_quota`).
-use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
+//! One sparse hash entry per (key, log2 slot), shared by every CPU: one lookup and two or
+//! three atomic adds per event. Not per-CPU: a per-CPU value costs its size once per
+//! *possible* CPU (465 MiB of maps on a 128-CPU node), and a scrape would sum every CPU of
+//! every key. An atomic add on a line another CPU just wrote costs more than a plain add, but
+//! only for the same (series, syscall or device, slot) on two CPUs at once. A new key costs
+//! one of its owner's allowance (`key_quota`).
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap};
 use pgio_common::{SeriesId, drops::DropReason, hist::Bucket, key_quota::QuotaMap};
 
-use crate::{drops, key_quota};
+use crate::{atomic::atomic_add, drops, key_quota};
 
 #[inline(always)]
 fn add_to(b: *mut Bucket, value_ns: u64, bytes: u64) {
-    // SAFETY: a per-CPU map value: only this CPU writes it.
+    // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
     unsafe {
-        (*b).count += 1;
-        (*b).sum += value_ns;
-        (*b).bytes += bytes;
+        atomic_add(&raw mut (*b).count, 1);
+        atomic_add(&raw mut (*b).sum, value_ns);
+        if bytes != 0 {
+            atomic_add(&raw mut (*b).bytes, bytes);
+        }
     }
 }
 
 #[inline(always)]
 pub fn add<K>(
-    map: &PerCpuHashMap<K, Bucket>,
+    map: &HashMap<K, Bucket>,
     quota: QuotaMap,
     series: SeriesId,
     key: &K,
@@ -40,8 +46,7 @@ pub fn add<K>(
     if map.insert(key, &b, BPF_NOEXIST as u64).is_ok() {
         return;
     }
-    // Another CPU created the key between our lookup and insert (the key is shared, the
-    // values are per CPU): add to this CPU's share of it.
+    // Another CPU created the key between our lookup and insert: add to it.
     match map.get_ptr_mut(key) {
         Some(b) => add_to(b, value_ns, bytes),
         None => drops::count(DropReason::HistFull),

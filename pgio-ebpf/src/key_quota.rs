@@ -8,6 +8,8 @@ use pgio_common::{
     key_quota::{EXEMPT, OWNER_SLOTS, PROVISIONAL, QUOTA_MAPS, QuotaMap, allowance_index},
 };
 
+use crate::atomic::atomic_add;
+
 /// `series → owner slot`, written by userspace when it gives out the id.
 #[map]
 static SERIES_OWNER: Array<u8> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
@@ -57,13 +59,7 @@ pub fn take(map: QuotaMap, series: SeriesId) -> bool {
             }
             return false;
         }
-        // BPF_XADD: Rust has no atomic read-modify-write for this target.
-        core::arch::asm!(
-            "lock *(u64 *)({0} + 0) += {1}",
-            in(reg) left,
-            in(reg) -1i64,
-            options(nostack),
-        );
+        atomic_add(left.cast::<u64>(), (-1i64) as u64);
     }
     true
 }

@@ -1,11 +1,12 @@
-//! pgio's kernel side. Data path: tracepoint → per-CPU histogram map (log2 ns buckets) that
+//! pgio's kernel side. Data path: tracepoint → histogram map (log2 ns buckets) that
 //! userspace reads at scrape time. Every program first finds the current process' series in
 //! `TRACKED` and, for syscalls, returns at once when it has none.
 #![no_std]
 #![no_main]
-// `key_quota`'s atomic decrement (BPF_XADD).
+// `atomic::atomic_add` (BPF_XADD).
 #![feature(asm_experimental_arch)]
 
+mod atomic;
 mod block_io;
 mod drops;
 mod floor;

@@ -6,7 +6,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, PerCpuHashMap},
+    maps::HashMap,
     programs::{ProbeContext, RetProbeContext},
 };
 use pgio_common::{
@@ -42,7 +42,7 @@ fn current_tid() -> u32 {
 }
 
 #[map]
-static QUERY_HIST: PerCpuHashMap<QueryKey, Bucket> = PerCpuHashMap::with_max_entries(16_384, 0);
+static QUERY_HIST: HashMap<QueryKey, Bucket> = HashMap::with_max_entries(16_384, 0);
 
 #[inline(always)]
 fn book(series: SeriesId, metric: QueryMetric, ns: u64, misses: u64) {

@@ -11,7 +11,7 @@ use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use pgio_common::{
@@ -41,7 +41,7 @@ static SYSCALL_SPILLED: HashMap<u32, SyscallStart> = HashMap::with_max_entries(S
 const SPILLED_MAX: u32 = 16_384;
 
 #[map]
-static SYSCALL_HIST: PerCpuHashMap<SyscallKey, Bucket> = PerCpuHashMap::with_max_entries(65_536, 0);
+static SYSCALL_HIST: HashMap<SyscallKey, Bucket> = HashMap::with_max_entries(65_536, 0);
 
 /// Dense rows for the hottest histograms (see `pgio_common::syscall::SYSCALL_ROWS`): an
 /// array lookup instead of hashing the key.
