@@ -24,13 +24,30 @@ impl Daemon {
     /// Starts `bin run --listen 127.0.0.1:<free port> --config <config_toml>` and waits for
     /// `/healthz` (up to 60 s: loading and attaching the programs takes a second or two).
     pub fn start(bin: &Path, config_toml: &str) -> Result<Daemon> {
+        Daemon::start_in_cgroup(bin, config_toml, None)
+    }
+
+    /// `start`, the daemon in the cgroup (v1 or v2 directory) `cgroup` from its first
+    /// instruction: it moves itself there, then execs the daemon (the same pid).
+    pub fn start_in_cgroup(bin: &Path, config_toml: &str, cgroup: Option<&Path>) -> Result<Daemon> {
         let dir = temp_dir()?;
         let config_path = dir.path().join("pgio.toml");
         std::fs::write(&config_path, config_toml)?;
         let port = free_port()?;
         let log = dir.path().join("pgio.log");
         let log_file = std::fs::File::create(&log)?;
-        let child = Command::new(bin)
+        let mut cmd = match cgroup {
+            Some(cg) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg("echo $$ > \"$0/cgroup.procs\" && exec \"$@\"")
+                    .arg(cg)
+                    .arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .args(["run", "--listen", &format!("127.0.0.1:{port}"), "--config"])
             .arg(&config_path)
             .stdout(Stdio::null())

@@ -22,6 +22,8 @@ use pgio_testkit::{
 
 use crate::util::{fmt_duration, run, step, target_dir, which};
 
+mod block;
+
 pub struct BenchOptions {
     /// Interleaved rounds of the per-call measurement.
     pub rounds: usize,
@@ -37,6 +39,10 @@ pub struct BenchOptions {
     pub per_call_only: bool,
     /// Only the in-kernel run time of the programs; BENCHMARKS.md untouched.
     pub programs_only: bool,
+    /// Only the block programs' cost per request; BENCHMARKS.md untouched.
+    pub block_only: bool,
+    /// Seconds of each fio run of the block section.
+    pub block_secs: u64,
 }
 
 impl BenchOptions {
@@ -49,10 +55,12 @@ impl BenchOptions {
             quick: true,
             per_call_only: false,
             programs_only: false,
+            block_only: false,
+            block_secs: 2,
         }
     }
 
-    pub fn full(per_call_only: bool, programs_only: bool) -> BenchOptions {
+    pub fn full(per_call_only: bool, programs_only: bool, block_only: bool) -> BenchOptions {
         BenchOptions {
             rounds: 15,
             calls: 1_000_000,
@@ -61,6 +69,8 @@ impl BenchOptions {
             quick: false,
             per_call_only,
             programs_only,
+            block_only,
+            block_secs: 10,
         }
     }
 }
@@ -326,12 +336,12 @@ fn per_call(bins: &Bins, o: &BenchOptions) -> Result<PerCall> {
 }
 
 /// `kernel.bpf_stats_enabled` on while alive, restored on drop.
-struct BpfStats(String);
+pub(crate) struct BpfStats(String);
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 impl BpfStats {
-    fn enable() -> Result<BpfStats> {
+    pub(crate) fn enable() -> Result<BpfStats> {
         let prev = std::fs::read_to_string(BPF_STATS).context("reading bpf_stats_enabled")?;
         std::fs::write(BPF_STATS, "1").context("enabling kernel.bpf_stats_enabled")?;
         Ok(BpfStats(prev.trim().to_owned()))
@@ -457,7 +467,7 @@ fn floor_stats(bins: &Bins, hooks: &str, file: &Path, calls: u64) -> Result<Vec<
 }
 
 /// ns per run of pgio's program `p` and its runs, between two scrapes.
-fn program_ns(
+pub(crate) fn program_ns(
     before: &pgio_testkit::Metrics,
     after: &pgio_testkit::Metrics,
     p: &str,
@@ -832,6 +842,12 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         load: release.join("pgio-load"),
     };
 
+    if o.block_only {
+        let mut r = String::new();
+        block::report(&mut r, &block::block_cost(&bins.daemon, o.block_secs)?);
+        println!("{r}");
+        return Ok(());
+    }
     if o.programs_only {
         let programs = program_cost(&bins, o)?;
         let mut r = String::new();
@@ -847,11 +863,12 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         return Ok(());
     }
     let programs = program_cost(&bins, o)?;
+    let block = block::block_cost(&bins.daemon, o.block_secs)?;
     let footprint = footprint(&bins, if o.quick { 2 } else { 10 })?;
     let tps = pgbench_pairs(&bins, o)?;
     let crit = criterion(root, o.quick)?;
 
-    let report = report(o, &per_call, &programs, &footprint, &tps, &crit);
+    let report = report(o, &per_call, &programs, &block, &footprint, &tps, &crit);
     println!("{report}");
     if o.quick {
         step("quick run: BENCHMARKS.md left as it is");
@@ -1004,7 +1021,10 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
                 "a per-thread value in a preallocated hash by tid (`QUERY`, `SYSCALL_SPILLED`)"
             }
             "part_tid_array" => "a per-thread value in a tid-indexed array instead",
-            "part_hash" => "per-CPU hash lookup + add (`SYSCALL_HIST`, a known key)",
+            "part_hash" => "per-CPU hash lookup + add (what the histogram maps were, a known key)",
+            "part_shared_hash" => {
+                "shared hash lookup + 2 atomic adds (`SYSCALL_HIST`, a known key)"
+            }
             "part_array" => "per-CPU array lookup + add (`SYSCALL_ROWS_MAP`)",
             _ => name.as_str(),
         };
@@ -1018,6 +1038,7 @@ fn report(
     o: &BenchOptions,
     pc: &PerCall,
     programs: &ProgramCost,
+    block: &[block::EngineCost],
     fp: &Footprint,
     tps: &Tps,
     crit: &[(String, f64)],
@@ -1037,6 +1058,7 @@ fn report(
     );
     per_call_report(&mut r, o, pc);
     programs_report(&mut r, o, programs);
+    block::report(&mut r, block);
     let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
     let (mut w, mut wo) = (tps.with.clone(), tps.without.clone());
     let (mw, mwo) = (median(&mut w), median(&mut wo));

@@ -153,7 +153,7 @@ pub fn check(root: &Path, skip_setup: bool) -> Result<()> {
 }
 
 /// The guest tests `cargo xtask test` runs on Debian's 6.1 (~3 min under TCG on 2 cores).
-const CI_GUEST_TESTS: &[&str] = &["block_io", "syscall", "futex", "postgres"];
+const CI_GUEST_TESTS: &[&str] = &["block_io", "big_node", "syscall", "futex", "postgres"];
 
 pub fn test(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
     let started = Instant::now();

@@ -84,6 +84,7 @@ const GUEST_MODULES: &[&str] = &["virtio_blk", "ext4", "loop", "fuse"];
 /// The tests run by default: name of the integration test target, then libtest filters.
 pub const DEFAULT_TESTS: &[&str] = &[
     "block_io",
+    "big_node",
     "syscall",
     "futex",
     "postgres",
@@ -104,7 +105,13 @@ pub struct Options {
     pub update_kernels: bool,
     /// Run the tests even when `pgio-daemon check` fails in the guest.
     pub run_if_check_fails: bool,
+    /// Possible CPUs of the guest (`-smp 2,maxcpus=N`).
+    pub max_cpus: u32,
 }
+
+/// A big node's possible CPUs: per-CPU maps cost their values once per possible CPU, and
+/// under TCG the offline ones cost nothing else.
+pub const DEFAULT_MAX_CPUS: u32 = 128;
 
 /// `name[:filter+filter…]`: one test target of pgio-daemon, optionally only the tests whose
 /// names contain one of the filters.
@@ -163,6 +170,7 @@ pub fn ci_options(tests: &[&str]) -> Result<Options> {
         memory_mb: 4096,
         update_kernels: false,
         run_if_check_fails: false,
+        max_cpus: DEFAULT_MAX_CPUS,
     })
 }
 
@@ -777,7 +785,8 @@ fn run_kernel(
 
     let console = run_dir.join("console.log");
     let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2"])
+    qemu.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp"])
+        .arg(format!("2,maxcpus={}", opts.max_cpus.max(2)))
         .args(["-m", &format!("{}M", opts.memory_mb)])
         .args(["-display", "none", "-monitor", "none", "-no-reboot"])
         .arg("-kernel")

@@ -73,6 +73,10 @@ enum Cmd {
         /// hook type); BENCHMARKS.md untouched.
         #[arg(long, conflicts_with = "per_call_only")]
         programs_only: bool,
+        /// Only the block programs' cost per request (fio on a loop device, kernel
+        /// bpf_stats); BENCHMARKS.md untouched.
+        #[arg(long, conflicts_with_all = ["per_call_only", "programs_only"])]
+        block_only: bool,
     },
     /// Setup, build pgio-daemon (release) and, as root, soak it: PostgreSQL under `pgbench -C`
     /// churn plus every hostile input at once; RSS, fds, series and dropped events sampled
@@ -123,6 +127,10 @@ enum Cmd {
         /// are listed as not run: each would only wait a minute for a daemon that cannot start).
         #[arg(long)]
         run_if_check_fails: bool,
+        /// Possible CPUs of the guest (2 of them online: `-smp 2,maxcpus=N`). Per-CPU map
+        /// memory follows possible CPUs, so every guest is a big node by default.
+        #[arg(long, default_value_t = integration::DEFAULT_MAX_CPUS)]
+        max_cpus: u32,
     },
     /// Setup, build pgio-daemon (release) and the container image localhost/pgio:<version>
     /// (and :latest) from deploy/image/Containerfile with podman (installed if missing).
@@ -173,6 +181,7 @@ fn real_main() -> Result<()> {
             memory_mb,
             update_kernels,
             run_if_check_fails,
+            max_cpus,
         } => {
             let tests = if tests.is_empty() {
                 integration::DEFAULT_TESTS
@@ -189,6 +198,7 @@ fn real_main() -> Result<()> {
                 memory_mb,
                 update_kernels,
                 run_if_check_fails,
+                max_cpus,
             };
             integration::integration(&root, setup.skip_setup, &opts)
         }
@@ -197,6 +207,7 @@ fn real_main() -> Result<()> {
             quick,
             per_call_only,
             programs_only,
+            block_only,
         } => {
             if !setup.skip_setup {
                 commands::setup()?;
@@ -209,7 +220,7 @@ fn real_main() -> Result<()> {
             let o = if quick {
                 bench::BenchOptions::quick()
             } else {
-                bench::BenchOptions::full(per_call_only, programs_only)
+                bench::BenchOptions::full(per_call_only, programs_only, block_only)
             };
             bench::bench(&root, &o)
         }

@@ -69,6 +69,7 @@ esac
 {
     echo "kernel $(uname -r)"
     echo "cpus $(nproc)"
+    echo "possible cpus $(cat /sys/devices/system/cpu/possible)"
 } >/results/guest-info
 "$PGIO_DAEMON" check >/results/check.log 2>&1
 check_rc=$?

@@ -1,0 +1,233 @@
+//! A big node: with many possible CPUs (the guest of `cargo xtask integration --max-cpus 128`,
+//! `-smp 2,maxcpus=128`: per-CPU map memory follows possible CPUs, online or not), pgio starts
+//! inside a memory cgroup of the DaemonSet's limit, its maps take at most 64 MiB of kernel
+//! memory, the node's MemAvailable drops by no more than that plus the daemon's RSS, and block
+//! IO still counts exactly (reads = /proc/diskstats, all on the reader).
+//! Skipped below 64 possible CPUs: the host's 2 tell nothing about this (its map memory is
+//! held to the estimate by `map_memory`).
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use common::{delta, snapshot};
+use pgio_daemon::map_memory;
+use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, rules_config, temp_dir};
+
+const MIB: u64 = 1 << 20;
+/// The kernel memory all maps may take on a big node.
+const MAPS_BUDGET: u64 = 64 * MIB;
+const READS: u64 = 4_000;
+const SETTLE: Duration = Duration::from_millis(1300);
+
+/// `resources.limits.memory` of the DaemonSet (deploy/kustomize/daemonset.yaml), in bytes.
+fn daemonset_memory_limit() -> u64 {
+    let yaml = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kustomize/daemonset.yaml"),
+    )
+    .expect("reading the DaemonSet");
+    let after_limits = yaml.split_once("limits:").expect("limits:").1;
+    let memory = after_limits
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("memory:"))
+        .expect("limits.memory")
+        .trim();
+    let mi: u64 = memory
+        .strip_suffix("Mi")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("limits.memory {memory:?} is not <n>Mi"));
+    mi * MIB
+}
+
+fn mem_available() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemAvailable");
+    kib * 1024
+}
+
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// utime + stime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("stat")
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15, the 12th and 13th after the comm.
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// A cgroup v2 memory cgroup with `limit`, removed on drop.
+struct MemoryCgroup(PathBuf);
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> MemoryCgroup {
+        let root = Path::new("/sys/fs/cgroup");
+        assert!(
+            root.join("cgroup.controllers").exists(),
+            "no cgroup v2 at {}",
+            root.display()
+        );
+        let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory");
+        let dir = root.join(format!("pgio-big-node-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("cgroup");
+        let cg = MemoryCgroup(dir);
+        std::fs::write(cg.0.join("memory.max"), limit.to_string()).expect("memory.max");
+        cg
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_big_node_starts_in_the_daemonset_limit_and_counts_exactly() {
+    if !require_root("a_big_node_starts_in_the_daemonset_limit_and_counts_exactly") {
+        return;
+    }
+    let cpus = map_memory::possible_cpus().expect("possible CPUs");
+    if cpus < 64 {
+        eprintln!(
+            "skipped: {cpus} possible CPUs (run in `cargo xtask integration --max-cpus 128`)"
+        );
+        return;
+    }
+    let limit = daemonset_memory_limit();
+    let cg = MemoryCgroup::new(limit);
+    let dir = temp_dir().expect("temp dir");
+    let lo = LoopDevice::create(dir.path(), 64 << 20, true).expect("loop device");
+    lo.wait_quiet(Duration::from_secs(5));
+
+    let available_before = mem_available();
+    let daemon = common::Daemon(
+        pgio_testkit::Daemon::start_in_cgroup(
+            Path::new(env!("CARGO_BIN_EXE_pgio-daemon")),
+            &format!(
+                "block_inflight_timeout_secs = 1\n{}",
+                rules_config(&[("test", "direct-read", "^pgio-load$")])
+            ),
+            Some(&cg.0),
+        )
+        .expect("daemon in the DaemonSet's memory limit"),
+    );
+    let m = daemon.scrape();
+    let available_after = mem_available();
+    let daemon_rss = rss(daemon.0.pid());
+    let maps = m.sum("pgio_bpf_map_memory_bytes", &[]) as u64;
+    let cgroup_current: u64 = std::fs::read_to_string(cg.0.join("memory.current"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let drop = available_before.saturating_sub(available_after);
+    eprintln!(
+        "{cpus} possible CPUs: maps {:.1} MiB (fdinfo memlock), MemAvailable -{:.1} MiB, daemon \
+         RSS {:.1} MiB, cgroup memory.current {:.1} MiB of {:.0} MiB",
+        maps as f64 / MIB as f64,
+        drop as f64 / MIB as f64,
+        daemon_rss as f64 / MIB as f64,
+        cgroup_current as f64 / MIB as f64,
+        limit as f64 / MIB as f64
+    );
+    assert_eq!(m.sum("pgio_possible_cpus", &[]), f64::from(cpus));
+    assert!(maps <= MAPS_BUDGET, "maps take {maps} bytes");
+    assert!(
+        drop <= MAPS_BUDGET + daemon_rss,
+        "MemAvailable dropped by {drop} bytes (maps budget {MAPS_BUDGET} + RSS {daemon_rss})"
+    );
+
+    // A scrape reads every per-CPU map value of every possible CPU: its CPU cost, under TCG
+    // (~16x slower than a real CPU).
+    const SCRAPES: u32 = 10;
+    let cpu_before = cpu_seconds(daemon.0.pid());
+    for _ in 0..SCRAPES {
+        daemon.scrape();
+    }
+    let per_scrape = (cpu_seconds(daemon.0.pid()) - cpu_before) / f64::from(SCRAPES);
+    eprintln!(
+        "{cpus} possible CPUs: {:.1} ms of daemon CPU per scrape",
+        per_scrape * 1e3
+    );
+    assert!(per_scrape < 0.5, "{per_scrape} s of CPU per scrape");
+
+    let dev = lo.path().to_str().expect("utf-8 path").to_owned();
+    let mut load = LoadProcess::spawn(
+        &pgio_load_bin().expect("pgio-load"),
+        ["direct-read", &dev, &READS.to_string(), "8192"],
+    )
+    .expect("spawn pgio-load");
+    daemon.wait_tracked("test", "direct-read");
+    std::thread::sleep(SETTLE);
+    let (before, disk_before) = snapshot(&daemon, lo.name());
+    assert_eq!(load.expect_run(), READS);
+    std::thread::sleep(SETTLE);
+    let (after, disk_after) = snapshot(&daemon, lo.name());
+    let disk_reads = (disk_after.reads_completed - disk_before.reads_completed) as f64;
+    let device = [("device", lo.name()), ("op", "read")];
+    let pgio_reads = delta(&before, &after, "pgio_block_io_requests_total", &device);
+    let attributed = delta(
+        &before,
+        &after,
+        "pgio_block_io_requests_total",
+        &[
+            ("device", lo.name()),
+            ("op", "read"),
+            ("app", "test"),
+            ("role", "direct-read"),
+        ],
+    );
+    let lost = delta(
+        &before,
+        &after,
+        "pgio_block_io_lost_completions_total",
+        &device,
+    );
+    eprintln!(
+        "diskstats reads {disk_reads}, pgio {pgio_reads} + lost {lost}, on the reader {attributed}"
+    );
+    // The bars of `block_io`'s test, at 128 possible CPUs.
+    assert!(
+        disk_reads >= READS as f64,
+        "diskstats saw {disk_reads} reads"
+    );
+    assert_eq!(pgio_reads + lost, disk_reads);
+    assert!(
+        lost <= 0.01 * disk_reads,
+        "{lost} of {disk_reads} never seen"
+    );
+    assert!(attributed >= 0.99 * pgio_reads && attributed <= READS as f64);
+    assert_eq!(
+        delta(&before, &after, "pgio_events_dropped_total", &[]),
+        0.0,
+        "events dropped"
+    );
+    daemon.stop().expect("stop");
+    lo.detach().expect("detach");
+}

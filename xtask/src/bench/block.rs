@@ -1,0 +1,132 @@
+//! What pgio's block programs cost per request: fio's direct 8 KiB random reads on a loop
+//! device (libaio at iodepth 8, then psync), the reader tracked, each program's in-kernel run
+//! time (kernel bpf_stats) divided by the reads /proc/diskstats counted. A program that runs
+//! for every bio or more than once per request (completions in parts) is charged for it.
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use pgio_testkit::{Daemon, LoopDevice, diskstats, fio, temp_dir};
+
+use super::{BpfStats, program_ns};
+
+/// Every program of the block family (the bio ones run on request-based disks too).
+const PROGRAMS: &[&str] = &[
+    "block_io_start",
+    "block_rq_insert",
+    "block_rq_issue",
+    "block_rq_requeue",
+    "block_rq_complete",
+    "block_bio_queue",
+    "block_bio_complete",
+];
+
+const CONFIG: &str = "[[rule]]\napp = \"bench\"\nrole = \"fio\"\ncomm = \"^fio$\"\n";
+
+/// One fio engine's run.
+pub struct EngineCost {
+    pub engine: &'static str,
+    pub iodepth: u32,
+    /// Reads /proc/diskstats counted on the device during the run.
+    pub requests: u64,
+    /// `(program, ns per request)`, in `PROGRAMS` order; programs that never ran are left out.
+    pub programs: Vec<(&'static str, f64)>,
+}
+
+impl EngineCost {
+    pub fn total(&self) -> f64 {
+        self.programs.iter().map(|p| p.1).sum()
+    }
+}
+
+pub fn block_cost(daemon_bin: &Path, secs: u64) -> Result<Vec<EngineCost>> {
+    let _stats = BpfStats::enable()?;
+    let dir = temp_dir()?;
+    let lo = LoopDevice::create(dir.path(), 256 << 20, true).context("loop device")?;
+    lo.wait_quiet(Duration::from_secs(5));
+    let daemon = Daemon::start(daemon_bin, CONFIG)?;
+    let mut out = Vec::new();
+    for (engine, iodepth) in [("libaio", 8), ("psync", 1)] {
+        let before = daemon.scrape()?;
+        let disk_before = diskstats(lo.name())?;
+        fio::random_reads(
+            lo.path(),
+            engine,
+            iodepth,
+            8192,
+            Duration::from_secs(secs),
+            dir.path(),
+        )?;
+        let after = daemon.scrape()?;
+        let requests = diskstats(lo.name())?.reads_completed - disk_before.reads_completed;
+        let programs = PROGRAMS
+            .iter()
+            .filter_map(|p| {
+                let (ns_per_run, runs) = program_ns(&before, &after, p);
+                (runs > 0.0).then(|| (*p, ns_per_run * runs / requests.max(1) as f64))
+            })
+            .collect();
+        out.push(EngineCost {
+            engine,
+            iodepth,
+            requests,
+            programs,
+        });
+    }
+    daemon.stop()?;
+    lo.detach()?;
+    Ok(out)
+}
+
+pub fn report(r: &mut String, costs: &[EngineCost]) {
+    let _ = writeln!(
+        r,
+        "### Block programs per request\n\nfio 8 KiB direct random reads on a loop device \
+         (the reader tracked), kernel bpf_stats on: each program's run time over the run \
+         divided by the reads /proc/diskstats counted (a program that runs for every bio, or \
+         twice for one request, is charged for it). bpf_stats' own two clock reads are in \
+         every run.\n"
+    );
+    let mut header = String::from("| program |");
+    let mut rule = String::from("|---|");
+    for c in costs {
+        let _ = write!(
+            header,
+            " {} iodepth {} ({} requests), ns/request |",
+            c.engine, c.iodepth, c.requests
+        );
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(r, "{header}\n{rule}");
+    let mut names: Vec<&str> = Vec::new();
+    for c in costs {
+        for (p, _) in &c.programs {
+            if !names.contains(p) {
+                names.push(p);
+            }
+        }
+    }
+    for name in names {
+        let _ = write!(r, "| `{name}` |");
+        for c in costs {
+            match c.programs.iter().find(|(p, _)| *p == name) {
+                Some((_, ns)) => {
+                    let _ = write!(r, " {ns:.0} |");
+                }
+                None => r.push_str(" – |"),
+            }
+        }
+        r.push('\n');
+    }
+    r.push_str("| **all** |");
+    for c in costs {
+        let _ = write!(r, " **{:.0}** |", c.total());
+    }
+    r.push_str("\n\n");
+    let _ = writeln!(
+        r,
+        "| ratio | measured | target |\n|---|---:|---:|\n| all block programs, ns per request (worst engine) / 800 | {:.2} | ≤ 1.00 |\n",
+        costs.iter().map(EngineCost::total).fold(0.0, f64::max) / 800.0
+    );
+}
