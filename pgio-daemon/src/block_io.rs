@@ -135,7 +135,10 @@ impl BlockIo {
     /// Counts as lost every request issued longer than `timeout` ago, and forgets it: the
     /// kernel side finds a lost completion only when the same `struct request` starts again,
     /// which an idle device may never do. Whoever deletes an entry counts it (this sweep, or
-    /// the completion program), so a completion racing the sweep is counted once.
+    /// the completion program), so a completion racing the sweep is counted once. Entries
+    /// never issued for `UNISSUED_FORGET` are requests that ended without IO of their own (a
+    /// request merged into another, a flush the flush sequence replaced): forgotten, so the
+    /// map (not an LRU) cannot fill up with them.
     fn sweep(&self) {
         let now = monotonic_ns();
         let timeout = self.timeout.as_nanos() as u64;
@@ -143,10 +146,10 @@ impl BlockIo {
         let stale: Vec<(u64, BlockIoInflight)> = map
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(_, e)| is_lost(e, now, timeout))
+            .filter(|(_, e)| is_lost(e, now, timeout) || never_issued(e, now))
             .collect();
         for (rq, e) in stale {
-            if map.remove(&rq).is_ok() {
+            if map.remove(&rq).is_ok() && e.issue_ns != 0 {
                 self.hists.reader.book(
                     lost_key(&e),
                     Bucket {
@@ -158,6 +161,15 @@ impl BlockIo {
             }
         }
     }
+}
+
+/// How long a request may wait to be issued before the sweep forgets it: far longer than any
+/// scheduler holds one (and a request issued after all is still counted, from its issue).
+const UNISSUED_FORGET: Duration = Duration::from_secs(120);
+
+/// Submitted `UNISSUED_FORGET` ago and not issued since.
+fn never_issued(e: &BlockIoInflight, now_ns: u64) -> bool {
+    e.issue_ns == 0 && now_ns.saturating_sub(e.submitted_ns()) > UNISSUED_FORGET.as_nanos() as u64
 }
 
 /// Issued (and not requeued since) longer than `timeout_ns` before `now_ns`.
@@ -315,5 +327,30 @@ mod tests {
         assert!(!is_lost(&e(0), now, timeout));
         // Issued after `now` was taken (a racing issue): not lost.
         assert!(!is_lost(&e(now + 5), now, timeout));
+    }
+
+    #[test]
+    fn unissued_requests_are_forgotten_only_long_after_their_submission() {
+        let now = 1_000_000_000_000;
+        let forget = UNISSUED_FORGET.as_nanos() as u64;
+        let started = |start_ns| BlockIoInflight {
+            start_ns,
+            ..Default::default()
+        };
+        assert!(never_issued(&started(now - forget - 1), now));
+        assert!(!never_issued(&started(now - forget), now));
+        // First seen at its insert (no `block_io_start`).
+        let inserted = BlockIoInflight {
+            insert_ns: now - forget - 1,
+            ..Default::default()
+        };
+        assert!(never_issued(&inserted, now));
+        // Issued: the lost-completion rule decides, not this one.
+        let issued = BlockIoInflight {
+            start_ns: now - forget - 1,
+            issue_ns: now - forget - 1,
+            ..Default::default()
+        };
+        assert!(!never_issued(&issued, now));
     }
 }
