@@ -324,8 +324,8 @@ pub fn block_bio_complete(ctx: BtfTracePointContext) -> i32 {
 /// end of the sequence, and an empty flush completes without being issued (its flush request
 /// is); also requests issued before pgio started.
 #[inline(always)]
-fn unmatched(rq: u64, nr_bytes: u32) {
-    let Some((dev, op)) = device_and_op(rq) else {
+fn unmatched(dev_op: Option<(u32, BlockOp)>, nr_bytes: u32) {
+    let Some((dev, op)) = dev_op else {
         drops::count(DropReason::DeviceUnreadable);
         return;
     };
@@ -346,18 +346,15 @@ fn observe(key: &mut BlockIoKey, metric: BlockMetric, ns: u64, bytes: u32) {
 }
 
 /// Books one completed request: device time, whole time, and queue time when it has one.
-/// `rq`: the `struct request *` whose fields fill in what its entry lacks; a bio's entry
-/// (`None`) has everything from its submission.
+/// `dev_op`: the request's device and op, for an entry that lacks them; a bio's entry (`None`)
+/// has everything from its submission.
 #[inline(always)]
-fn complete(rq: Option<u64>, mut e: BlockIoInflight, now: u64, nr_bytes: u32) {
+fn complete(dev_op: Option<(u32, BlockOp)>, mut e: BlockIoInflight, now: u64, nr_bytes: u32) {
     if e.issue_ns == 0 {
         // Never issued itself: an empty flush (the flush sequence issues its own flush
         // request, which is counted; the kernel does not account the original either).
         if e.start_ns == 0 || nr_bytes == 0 {
-            match rq {
-                Some(rq) => unmatched(rq, nr_bytes),
-                None => drops::count(DropReason::DeviceUnreadable),
-            }
+            unmatched(dev_op, nr_bytes);
             return;
         }
         // Started, carried data, but its issue went unseen: still one request of this
@@ -367,7 +364,7 @@ fn complete(rq: Option<u64>, mut e: BlockIoInflight, now: u64, nr_bytes: u32) {
         e.insert_ns = 0;
     }
     if e.dev == 0 {
-        let Some((dev, op)) = rq.and_then(device_and_op) else {
+        let Some((dev, op)) = dev_op else {
             drops::count(DropReason::DeviceUnreadable);
             return;
         };
@@ -401,13 +398,17 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u32 = ctx.arg(2);
+    // Everything read from the request first: once the stack slot holding `rq` has been a
+    // map helper's key, 6.12's verifier no longer knows it as a BTF pointer (6.18's and
+    // 5.10's do). The loads cost a few ns.
+    let left: u32 = unsafe { read(rq + offsets().request_data_len as u64) }.unwrap_or(0);
+    let dev_op = device_and_op(rq);
     let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) else {
-        unmatched(rq, nr_bytes);
+        unmatched(dev_op, nr_bytes);
         return 0;
     };
     // A partial completion: the request goes on (is requeued, or completed in more parts),
     // and /proc/diskstats counts it once, at its end.
-    let left: u32 = unsafe { read(rq + offsets().request_data_len as u64) }.unwrap_or(0);
     if nr_bytes < left {
         // SAFETY: map value pointer; only this request's own events touch it.
         unsafe { (*e).bytes = (*e).bytes.wrapping_add(nr_bytes) };
@@ -420,7 +421,7 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     if BLOCK_IO_INFLIGHT.remove(&rq) == Err(-ENOENT) {
         return 0;
     }
-    complete(Some(rq), e, now, nr_bytes);
+    complete(dev_op, e, now, nr_bytes);
     0
 }
 
