@@ -774,6 +774,8 @@ fn run_kernel(
         ),
         ("PGIO_PG_DIST", host.pg_dist.display().to_string()),
         ("PGIO_TEST_SPARE_DISK", "/dev/vdb".to_owned()),
+        // What the guest's kernel must report (big_node fails on fewer).
+        ("PGIO_TEST_POSSIBLE_CPUS", opts.max_cpus.max(2).to_string()),
         ("TEST_TIMEOUT", opts.test_timeout.as_secs().to_string()),
         (
             "RUN_IF_CHECK_FAILS",

@@ -77,7 +77,7 @@ echo "$check_rc" >/results/check.rc
 
 # PGIO_TEST_EMULATED: bars on absolute latencies of userspace IO paths do not hold under TCG.
 export HOME=/root PGIO_REQUIRE_ROOT_TESTS=1 RUST_BACKTRACE=1 PGIO_TEST_EMULATED=tcg
-export PGIO_LOAD_BIN PGIO_LONGHORN_BIN_DIR PGIO_PG_DIST PGIO_TEST_SPARE_DISK
+export PGIO_LOAD_BIN PGIO_LONGHORN_BIN_DIR PGIO_PG_DIST PGIO_TEST_SPARE_DISK PGIO_TEST_POSSIBLE_CPUS
 cd /tmp || poweroff_now
 : >/results/summary
 # TESTS: lines "name binary filter…"
