@@ -32,7 +32,9 @@ fn finding(level: Level, what: impl Into<String>) -> Finding {
     }
 }
 
-pub fn run_checks() -> Vec<Finding> {
+/// `possible_cpus`: the maps' memory for a node with that many possible CPUs instead of this
+/// one (`check --possible-cpus`).
+pub fn run_checks(possible_cpus: Option<u32>) -> Vec<Finding> {
     let mut out = Vec::new();
     out.extend(privileges());
     let btf = if Path::new(btf::VMLINUX).exists() {
@@ -79,7 +81,7 @@ pub fn run_checks() -> Vec<Finding> {
             None
         }
     };
-    out.push(map_memory_finding());
+    out.push(map_memory_finding(possible_cpus));
     for probe in probes::table() {
         let program = &*probe.program;
         let (kind, present) = match probe.attach {
@@ -114,9 +116,14 @@ pub fn run_checks() -> Vec<Finding> {
 }
 
 /// The kernel memory the maps will take on this node with the default config, against what
-/// the memory cgroup has left.
-fn map_memory_finding() -> Finding {
-    match map_memory::require_fits(&Config::default()) {
+/// the memory cgroup has left; or on a node of `possible_cpus` (no cgroup to hold it to).
+fn map_memory_finding(possible_cpus: Option<u32>) -> Finding {
+    let line = match possible_cpus {
+        Some(cpus) => map_memory::estimate(&Config::default(), cpus)
+            .map(|(total, maps)| map_memory::describe(total, &maps, cpus)),
+        None => map_memory::require_fits(&Config::default()),
+    };
+    match line {
         Ok(line) => finding(Level::Ok, line),
         Err(e) => finding(Level::Fail, format!("{e:#}")),
     }

@@ -44,8 +44,13 @@ enum Command {
         #[arg(long, env = "PGIO_LOG", default_value = "info")]
         log_level: String,
     },
-    /// Report BTF, tracefs, each tracepoint and privileges; exit 1 naming what is missing.
-    Check,
+    /// Report BTF, tracefs, each tracepoint, privileges and the maps' kernel memory; exit 1
+    /// naming what is missing.
+    Check {
+        /// Estimate the maps' kernel memory for a node with this many possible CPUs instead.
+        #[arg(long)]
+        possible_cpus: Option<u32>,
+    },
     /// A running daemon's latency histograms per interval, in the terminal (no root needed).
     Top(pgio_daemon::top::TopArgs),
     /// Benchmark fixture: attach empty programs to pread64's hooks until SIGTERM.
@@ -61,7 +66,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check => run_check(),
+        Command::Check { possible_cpus } => run_check(possible_cpus),
         Command::Top(args) => match pgio_daemon::top::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -146,8 +151,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_check() -> ExitCode {
-    let findings = check::run_checks();
+fn run_check(possible_cpus: Option<u32>) -> ExitCode {
+    let findings = check::run_checks(possible_cpus);
     let mut failed = Vec::new();
     for f in &findings {
         let tag = match f.level {

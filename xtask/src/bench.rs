@@ -429,6 +429,35 @@ fn map_memory(pid: u32) -> Result<String> {
     Ok(r)
 }
 
+/// The maps' kernel memory on nodes of 2, 64, 128 and 192 possible CPUs, as `pgio-daemon check
+/// --possible-cpus` estimates it (the kernel's formulas; `tests/map_memory.rs` holds them to
+/// the kernel's own account here, the `big_node` guest test at 128).
+fn map_estimates(daemon: &Path) -> Result<String> {
+    let mut r = String::from(
+        "\nEstimated for other nodes (`pgio-daemon check --possible-cpus N`, default config):\n\n\
+         | possible CPUs | maps' kernel memory |\n|---:|---:|\n",
+    );
+    for cpus in [2, 64, 128, 192] {
+        let out = Command::new(daemon)
+            .args(["check", "--possible-cpus", &cpus.to_string()])
+            .output()
+            .context("pgio-daemon check")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mib = text
+            .lines()
+            .find_map(|l| {
+                l.split_once("eBPF maps: ")?
+                    .1
+                    .split_once(" of kernel")?
+                    .0
+                    .into()
+            })
+            .with_context(|| format!("no eBPF maps line in pgio-daemon check:\n{text}"))?;
+        let _ = writeln!(r, "| {cpus} possible CPUs | {mib} |");
+    }
+    Ok(r)
+}
+
 /// A hook's (enter, exit) run time, or why its programs cannot load on this kernel.
 type HookCost<T> = std::result::Result<T, String>;
 
@@ -554,6 +583,7 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         let daemon = Daemon::start(&bins.daemon, PER_CALL_CONFIG)?;
         if maps.is_empty() {
             maps = map_memory(daemon.pid())?;
+            maps.push_str(&map_estimates(&bins.daemon)?);
         }
         let before = daemon.scrape()?;
         let t = Instant::now();
