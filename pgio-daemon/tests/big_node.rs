@@ -14,7 +14,11 @@ use std::{
 
 use common::{delta, snapshot};
 use pgio_daemon::map_memory;
-use pgio_testkit::{LoadProcess, LoopDevice, pgio_load_bin, require_root, rules_config, temp_dir};
+use pgio_testkit::{
+    LoadProcess, LoopDevice, pgio_load_bin, require_root, rules_config,
+    soak::{meminfo_kib, status_kib},
+    temp_dir,
+};
 
 const MIB: u64 = 1 << 20;
 /// The kernel memory all maps may take on a big node.
@@ -39,26 +43,6 @@ fn daemonset_memory_limit() -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("limits.memory {memory:?} is not <n>Mi"));
     mi * MIB
-}
-
-fn mem_available() -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("MemAvailable");
-    kib * 1024
-}
-
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib * 1024
 }
 
 /// The running kernel is at least `major.minor`.
@@ -154,7 +138,7 @@ fn a_big_node_starts_in_the_daemonset_limit_and_counts_exactly() {
     let lo = LoopDevice::create(dir.path(), 64 << 20, true).expect("loop device");
     lo.wait_quiet(Duration::from_secs(5));
 
-    let available_before = mem_available();
+    let available_before = meminfo_kib("MemAvailable:") * 1024;
     let daemon = common::Daemon(
         pgio_testkit::Daemon::start_in_cgroup(
             Path::new(env!("CARGO_BIN_EXE_pgio-daemon")),
@@ -167,8 +151,12 @@ fn a_big_node_starts_in_the_daemonset_limit_and_counts_exactly() {
         .expect("daemon in the DaemonSet's memory limit"),
     );
     let m = daemon.scrape();
-    let available_after = mem_available();
-    let daemon_rss = rss(daemon.0.pid());
+    let available_after = meminfo_kib("MemAvailable:") * 1024;
+    let daemon_rss = status_kib(daemon.0.pid(), "VmRSS:") * 1024;
+    assert!(
+        available_before > 0 && available_after > 0 && daemon_rss > 0,
+        "/proc/meminfo MemAvailable or the daemon's VmRSS unreadable"
+    );
     let maps = m.sum("pgio_bpf_map_memory_bytes", &[]) as u64;
     let cgroup_current: u64 = std::fs::read_to_string(cg.0.join("memory.current"))
         .ok()

@@ -95,8 +95,18 @@ const AUXILIARY: [&str; 4] = [
     "autovacuum launcher",
 ];
 
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+/// A `<field> <n> kB` line of `/proc/<pid>/status` in KiB (0 when unreadable).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    kib_field(&format!("/proc/{pid}/status"), field)
+}
+
+/// A `<field> <n> kB` line of `/proc/meminfo` in KiB (0 when unreadable).
+pub fn meminfo_kib(field: &str) -> u64 {
+    kib_field("/proc/meminfo", field)
+}
+
+fn kib_field(path: &str, field: &str) -> u64 {
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
