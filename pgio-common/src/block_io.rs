@@ -4,7 +4,7 @@
 //! is one "request" whose device time and whole time are both submission → completion (it
 //! has no queue of its own; the disks below it have theirs).
 
-use crate::SeriesId;
+use crate::{SeriesId, hist::SLOTS};
 
 crate::abi_enum! {
     /// Which block latency (or count) a histogram entry holds.
@@ -60,7 +60,7 @@ impl BlockOp {
 /// `block_io`'s histogram map in the key quota (`KEY_ALLOWANCE`).
 pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(0);
 
-/// Key of the `BLOCK_IO_HIST` map.
+/// Key of the `BLOCK_IO_HIST` map: one row per submitter series, device and op.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockIoKey {
@@ -68,9 +68,48 @@ pub struct BlockIoKey {
     /// Kernel `dev_t` of the disk: `major << 20 | minor`.
     pub dev: u32,
     pub op: u8,
-    pub metric: u8,
-    pub slot: u8,
+    /// Padding, zero. Not `[u8; 3]`: zeroing an odd-sized array compiles to a call of
+    /// aya-ebpf's byte-loop `memset`.
     pub _pad: u8,
+    pub _pad2: u16,
+}
+
+/// The timed metrics of a [`BlockIoRow`], in the order of its arrays.
+pub const ROW_METRICS: [BlockMetric; 3] =
+    [BlockMetric::Device, BlockMetric::Queue, BlockMetric::Total];
+
+/// Value of the `BLOCK_IO_HIST` map: every block histogram of one key, so that a completed
+/// request costs one map lookup (three, one per metric and slot, cost ~100 ns more), and
+/// every CPU adds to it atomically.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockIoRow {
+    /// Per metric of [`ROW_METRICS`]: requests in each log2 slot (`hist::slot`).
+    pub slots: [[u64; SLOTS]; 3],
+    /// Per metric of [`ROW_METRICS`]: sum of the times (ns).
+    pub sum_ns: [u64; 3],
+    /// Bytes of the completed requests.
+    pub bytes: u64,
+    /// [`BlockMetric::Lost`] requests.
+    pub lost: u64,
+    /// [`BlockMetric::Unmatched`] completions (on the untracked series' rows).
+    pub unmatched: u64,
+}
+
+impl BlockIoRow {
+    pub const ZERO: BlockIoRow = BlockIoRow {
+        slots: [[0; SLOTS]; 3],
+        sum_ns: [0; 3],
+        bytes: 0,
+        lost: 0,
+        unmatched: 0,
+    };
+}
+
+impl Default for BlockIoRow {
+    fn default() -> Self {
+        BlockIoRow::ZERO
+    }
 }
 
 /// Value of the `BLOCK_IO_INFLIGHT` map, keyed by the `struct request *` (or, for a
@@ -90,7 +129,8 @@ pub struct BlockIoInflight {
     pub issue_ns: u64,
     /// [`BlockOp`] as `u8`, read at issue.
     pub op: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    pub _pad2: u16,
     /// A bio's bytes, read at submission. A request's come with its completion; here are
     /// those of its partial completions so far (a driver that completes part of a request,
     /// then requeues the rest: loop on a short read, SCSI).
@@ -98,6 +138,12 @@ pub struct BlockIoInflight {
 }
 
 impl BlockIoInflight {
+    /// The entry a completed request leaves for its `struct request`'s next use.
+    #[inline(always)]
+    pub fn is_idle(&self) -> bool {
+        self.start_ns == 0 && self.insert_ns == 0 && self.issue_ns == 0
+    }
+
     /// When the request was submitted: `block_io_start`, else `block_rq_insert`, else issue.
     #[inline(always)]
     pub fn submitted_ns(&self) -> u64 {
@@ -112,8 +158,9 @@ impl BlockIoInflight {
 }
 
 crate::abi_size!(BlockIoKey, 12, 4);
+crate::abi_size!(BlockIoRow, 1584, 8);
 crate::abi_size!(BlockIoInflight, 40, 8);
-crate::abi_pod!(BlockIoKey, BlockIoInflight);
+crate::abi_pod!(BlockIoKey, BlockIoRow, BlockIoInflight);
 
 /// `dev_t` as the kernel packs it internally (`MKDEV`).
 pub const fn mkdev(major: u32, minor: u32) -> u32 {

@@ -10,8 +10,7 @@ use aya::{
 };
 use pgio_common::{
     SeriesId,
-    block_io::{BlockIoInflight, BlockIoKey, BlockMetric, BlockOp, QUOTA},
-    hist::Bucket,
+    block_io::{BlockIoInflight, BlockIoKey, BlockIoRow, BlockMetric, BlockOp, QUOTA, ROW_METRICS},
 };
 
 use crate::{
@@ -19,7 +18,7 @@ use crate::{
     config::Config,
     exposition::{Encoder, Kind, MetricFamily},
     family::{Attach, Family, Probe, Setup, Taken},
-    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists, Log2Hist},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, HistValue, Hists, Log2Hist},
     labels::BlockLabels,
     lock,
     maps::take_map,
@@ -66,17 +65,13 @@ impl Family for BlockIoFamily {
 
     fn setup(&self, config: &Config) -> Setup {
         Setup {
-            map_sizes: vec![(HIST.map, config.hist_map_entries())],
+            map_sizes: vec![(HIST.map, hist_rows(config))],
             ..Setup::default()
         }
     }
 
     fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
-        let block = BlockIo::take(
-            ebpf,
-            config.block_inflight_timeout(),
-            config.hist_map_entries(),
-        )?;
+        let block = BlockIo::take(ebpf, config.block_inflight_timeout(), hist_rows(config))?;
         Ok(Taken {
             balanced: Some(block.hists.balanced()),
             source: Some(Box::new(block)),
@@ -94,24 +89,72 @@ pub struct BlockIoId {
     pub metric: BlockMetric,
 }
 
+/// Rows of `BLOCK_IO_HIST`: one per (series, device, op), each holding that key's every
+/// histogram (1.5 KiB), where a one-slot key held one slot of one: a sixteenth of
+/// `hist_map_max_entries` (4,096 by default, 6.6 MiB), at least 1,024.
+fn hist_rows(config: &Config) -> u32 {
+    (config.hist_map_entries() / 16).max(1024)
+}
+
+impl HistValue for BlockIoRow {
+    fn merge(&mut self, o: &BlockIoRow) {
+        for (a, b) in self.slots.iter_mut().zip(&o.slots) {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = x.wrapping_add(*y);
+            }
+        }
+        for (x, y) in self.sum_ns.iter_mut().zip(&o.sum_ns) {
+            *x = x.wrapping_add(*y);
+        }
+        self.bytes = self.bytes.wrapping_add(o.bytes);
+        self.lost = self.lost.wrapping_add(o.lost);
+        self.unmatched = self.unmatched.wrapping_add(o.unmatched);
+    }
+}
+
 impl HistKey for BlockIoKey {
     type Id = BlockIoId;
+    type Value = BlockIoRow;
 
     fn series(&self) -> SeriesId {
         self.series
     }
 
-    fn slot(&self) -> u8 {
-        self.slot
-    }
-
-    fn id(&self, series: SeriesId) -> Option<BlockIoId> {
-        Some(BlockIoId {
+    /// A histogram for each metric the row has counts of: its device histogram carries the
+    /// bytes, lost and unmatched requests are counts (slot 0).
+    fn add_to(&self, series: SeriesId, row: &BlockIoRow, hists: &mut Hists<BlockIoId>) -> bool {
+        let Ok(op) = BlockOp::try_from(self.op) else {
+            return false;
+        };
+        let id = |metric| BlockIoId {
             series,
             dev: self.dev,
-            op: BlockOp::try_from(self.op).ok()?,
-            metric: BlockMetric::try_from(self.metric).ok()?,
-        })
+            op,
+            metric,
+        };
+        for (m, metric) in ROW_METRICS.into_iter().enumerate() {
+            if row.slots[m].iter().all(|&n| n == 0) {
+                continue;
+            }
+            let h = hists.entry(id(metric)).or_default();
+            for (a, n) in h.slots.iter_mut().zip(&row.slots[m]) {
+                *a = a.wrapping_add(*n);
+            }
+            h.sum_ns = h.sum_ns.wrapping_add(row.sum_ns[m]);
+            if metric == BlockMetric::Device {
+                h.bytes = h.bytes.wrapping_add(row.bytes);
+            }
+        }
+        for (metric, n) in [
+            (BlockMetric::Lost, row.lost),
+            (BlockMetric::Unmatched, row.unmatched),
+        ] {
+            if n != 0 {
+                let h = hists.entry(id(metric)).or_default();
+                h.slots[0] = h.slots[0].wrapping_add(n);
+            }
+        }
+        true
     }
 }
 
@@ -134,42 +177,59 @@ impl BlockIo {
 
     /// Counts as lost every request issued longer than `timeout` ago, and forgets it: the
     /// kernel side finds a lost completion only when the same `struct request` starts again,
-    /// which an idle device may never do. Whoever deletes an entry counts it (this sweep, or
-    /// the completion program), so a completion racing the sweep is counted once. Entries
-    /// never issued for `UNISSUED_FORGET` are requests that ended without IO of their own (a
-    /// request merged into another, a flush the flush sequence replaced): forgotten, so the
-    /// map (not an LRU) cannot fill up with them.
+    /// which an idle device may never do. Entries never issued for `UNISSUED_FORGET` are
+    /// requests that ended without IO of their own (a request merged into another, a flush the
+    /// flush sequence replaced): forgotten, so the map (not an LRU) cannot fill up with them.
+    /// Idle entries (a completed request's, kept for its `struct request`'s next use) are
+    /// deleted only past `IDLE_KEEP` entries: a disk's requests are few and reused, a removed
+    /// disk's are never used again.
     fn sweep(&self) {
         let now = monotonic_ns();
         let timeout = self.timeout.as_nanos() as u64;
         let mut map = lock(&self.inflight);
-        let stale: Vec<(u64, BlockIoInflight)> = map
-            .iter()
-            .filter_map(|r| r.ok())
-            .filter(|(_, e)| is_lost(e, now, timeout) || never_issued(e, now))
-            .collect();
+        let mut entries = 0usize;
+        let mut idle = Vec::new();
+        let mut stale = Vec::new();
+        for (rq, e) in map.iter().filter_map(|r| r.ok()) {
+            entries += 1;
+            if e.is_idle() {
+                idle.push(rq);
+            } else if is_lost(&e, now, timeout) || never_issued(&e, now) {
+                stale.push((rq, e));
+            }
+        }
         for (rq, e) in stale {
             if map.remove(&rq).is_ok() && e.issue_ns != 0 {
                 self.hists.reader.book(
-                    lost_key(&e),
-                    Bucket {
-                        count: 1,
-                        sum: 0,
-                        bytes: 0,
+                    row_key(&e),
+                    BlockIoRow {
+                        lost: 1,
+                        ..BlockIoRow::ZERO
                     },
                 );
+            }
+        }
+        if entries > IDLE_KEEP {
+            for rq in idle {
+                let _ = map.remove(&rq);
             }
         }
     }
 }
 
+/// Idle in-flight entries the sweep keeps: more than the requests of a few dozen busy disks,
+/// a quarter of the map, and a bound on what each scrape's sweep reads.
+const IDLE_KEEP: usize = 16_384;
+
 /// How long a request may wait to be issued before the sweep forgets it: far longer than any
 /// scheduler holds one (and a request issued after all is still counted, from its issue).
 const UNISSUED_FORGET: Duration = Duration::from_secs(120);
 
-/// Submitted `UNISSUED_FORGET` ago and not issued since.
+/// Submitted `UNISSUED_FORGET` ago and not issued since (not idle).
 fn never_issued(e: &BlockIoInflight, now_ns: u64) -> bool {
-    e.issue_ns == 0 && now_ns.saturating_sub(e.submitted_ns()) > UNISSUED_FORGET.as_nanos() as u64
+    !e.is_idle()
+        && e.issue_ns == 0
+        && now_ns.saturating_sub(e.submitted_ns()) > UNISSUED_FORGET.as_nanos() as u64
 }
 
 /// Issued (and not requeued since) longer than `timeout_ns` before `now_ns`.
@@ -177,14 +237,13 @@ fn is_lost(e: &BlockIoInflight, now_ns: u64, timeout_ns: u64) -> bool {
     e.issue_ns != 0 && now_ns.saturating_sub(e.issue_ns) > timeout_ns
 }
 
-fn lost_key(e: &BlockIoInflight) -> BlockIoKey {
+fn row_key(e: &BlockIoInflight) -> BlockIoKey {
     BlockIoKey {
         series: e.series,
         dev: e.dev,
         op: e.op,
-        metric: BlockMetric::Lost as u8,
-        slot: 0,
         _pad: 0,
+        _pad2: 0,
     }
 }
 
@@ -352,5 +411,7 @@ mod tests {
             ..Default::default()
         };
         assert!(!never_issued(&issued, now));
+        // Idle: a completed request's entry, kept for the next one.
+        assert!(!never_issued(&BlockIoInflight::default(), now));
     }
 }

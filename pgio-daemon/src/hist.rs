@@ -30,15 +30,38 @@ use crate::{
     provisional::{Provisional, Route},
 };
 
-/// A histogram map's key: the series it books, its log2 slot, and the rest, which names one
-/// exported histogram.
+/// A histogram map's key: the series it books, and the rest, which names the exported
+/// histograms its value adds to.
 pub trait HistKey: aya::Pod + Eq + std::hash::Hash + Send {
     type Id: HistId;
+    /// The map's value: one log2 slot of one histogram (`Bucket`), or whole histograms.
+    type Value: HistValue;
     fn series(&self) -> SeriesId;
-    fn slot(&self) -> u8;
-    /// The histogram this key's slot belongs to, booked under `series`; `None` for a value
-    /// no variant has (`pgio_common::abi::UnknownValue`): such keys are left out.
-    fn id(&self, series: SeriesId) -> Option<Self::Id>;
+    /// Adds `value` to the histograms it belongs to, booked under `series`; `false` for a key
+    /// with a value no variant has (`pgio_common::abi::UnknownValue`): such keys are left out.
+    fn add_to(&self, series: SeriesId, value: &Self::Value, hists: &mut Hists<Self::Id>) -> bool;
+}
+
+/// A histogram map's value, summed with another of the same key.
+pub trait HistValue: aya::Pod + Default + Send {
+    fn merge(&mut self, other: &Self);
+}
+
+impl HistValue for Bucket {
+    fn merge(&mut self, b: &Bucket) {
+        self.count = self.count.wrapping_add(b.count);
+        self.sum = self.sum.wrapping_add(b.sum);
+        self.bytes = self.bytes.wrapping_add(b.bytes);
+    }
+}
+
+/// `HistKey::add_to` for a key of one log2 slot of histogram `id`.
+pub fn add_slot<Id: HistId>(id: Option<Id>, slot: u8, b: &Bucket, hists: &mut Hists<Id>) -> bool {
+    let Some(id) = id else {
+        return false;
+    };
+    hists.entry(id).or_default().add(slot, b);
+    true
 }
 
 /// One exported histogram of a family (series plus the family's own labels).
@@ -81,11 +104,11 @@ pub trait Balanced: Send + Sync {
 pub struct HistReader<K: HistKey> {
     spec: &'static HistMapSpec,
     max_entries: u32,
-    map: Mutex<BpfHashMap<MapData, K, Bucket>>,
+    map: Mutex<BpfHashMap<MapData, K, K::Value>>,
     carry: Mutex<Hists<K::Id>>,
     /// Counts userspace books under a kernel key (`book`, `evict`): they take the same routes
     /// as the map's entries.
-    booked: Mutex<HashMap<K, Bucket>>,
+    booked: Mutex<HashMap<K, K::Value>>,
     /// A key with a value no variant has was seen (logged once).
     unknown_seen: AtomicBool,
 }
@@ -107,16 +130,14 @@ impl<K: HistKey> HistReader<K> {
         })
     }
 
-    fn id(&self, key: &K, series: SeriesId) -> Option<K::Id> {
-        let id = key.id(series);
-        if id.is_none() && !self.unknown_seen.swap(true, Ordering::Relaxed) {
+    fn add_to(&self, key: &K, series: SeriesId, value: &K::Value, hists: &mut Hists<K::Id>) {
+        if !key.add_to(series, value, hists) && !self.unknown_seen.swap(true, Ordering::Relaxed) {
             warn!(
                 map = self.spec.map,
                 "keys with values this pgio-daemon does not know are left out (an eBPF object \
                  from another build?)"
             );
         }
-        id
     }
 
     /// `peek` for a scrape: a map that cannot be read is logged and exported empty, so the
@@ -134,8 +155,8 @@ impl<K: HistKey> HistReader<K> {
 
     /// Adds `b` under `key` from userspace, for what only userspace finds (the block sweep's
     /// lost requests); writing the map would race the kernel's own atomic adds.
-    pub fn book(&self, key: K, b: Bucket) {
-        add_bucket(lock(&self.booked).entry(key).or_default(), &b);
+    pub fn book(&self, key: K, value: K::Value) {
+        lock(&self.booked).entry(key).or_default().merge(&value);
     }
 
     /// Every histogram as a scrape shows it, changing nothing: keys of a classified
@@ -143,15 +164,13 @@ impl<K: HistKey> HistReader<K> {
     /// left out.
     pub fn peek(&self, routes: &Provisional) -> Result<Hists<K::Id>> {
         let mut out = Hists::new();
-        let mut add = |key: &K, b: &Bucket| {
+        let mut add = |key: &K, value: &K::Value| {
             let series = match routes.route(key.series()) {
                 Route::Own => key.series(),
                 Route::Fold(series) => series,
                 Route::Pending | Route::Retired => return,
             };
-            if let Some(id) = self.id(key, series) {
-                out.entry(id).or_default().add(key.slot(), b);
-            }
+            self.add_to(key, series, value, &mut out);
         };
         for entry in lock(&self.map).iter() {
             let (key, b) = entry?;
@@ -179,12 +198,10 @@ impl<K: HistKey> HistReader<K> {
                 Route::Own | Route::Pending => continue,
                 Route::Fold(series) => {
                     // Gone already is fine: nothing else deletes, and a late event recreates it.
-                    let Ok(b) = map.get(&key, 0) else {
+                    let Ok(value) = map.get(&key, 0) else {
                         continue;
                     };
-                    if let Some(id) = self.id(&key, series) {
-                        carry.entry(id).or_default().add(key.slot(), &b);
-                    }
+                    self.add_to(&key, series, &value, &mut carry);
                 }
                 Route::Retired => {}
             }
@@ -193,9 +210,7 @@ impl<K: HistKey> HistReader<K> {
         lock(&self.booked).retain(|key, b| match routes.route(key.series()) {
             Route::Own | Route::Pending => true,
             Route::Fold(series) => {
-                if let Some(id) = self.id(key, series) {
-                    carry.entry(id).or_default().add(key.slot(), b);
-                }
+                self.add_to(key, series, b, &mut carry);
                 false
             }
             Route::Retired => false,
@@ -205,12 +220,6 @@ impl<K: HistKey> HistReader<K> {
         }
         Ok(())
     }
-}
-
-fn add_bucket(sum: &mut Bucket, b: &Bucket) {
-    sum.count = sum.count.wrapping_add(b.count);
-    sum.sum = sum.sum.wrapping_add(b.sum);
-    sum.bytes = sum.bytes.wrapping_add(b.bytes);
 }
 
 impl<K: HistKey + 'static> Balanced for HistReader<K> {
@@ -249,13 +258,13 @@ impl<K: HistKey + 'static> Balanced for HistReader<K> {
             .collect();
         let mut booked = lock(&self.booked);
         for key in keys {
-            let Ok(b) = map.get(&key, 0) else {
+            let Ok(value) = map.get(&key, 0) else {
                 continue;
             };
             if map.remove(&key).is_err() {
                 continue;
             }
-            add_bucket(booked.entry(key).or_default(), &b);
+            booked.entry(key).or_default().merge(&value);
             moved[owner_of(key.series()) as usize] += 1;
         }
         Ok(moved)

@@ -5,6 +5,7 @@ use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
+    hist::Bucket,
     query::{QUOTA, QueryKey, QueryMetric},
 };
 
@@ -13,7 +14,7 @@ use crate::{
     config::Config,
     exposition::{Encoder, Kind, MetricFamily},
     family::{Attach, Family, Probe, Setup, Taken},
-    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists, add_slot},
     labels::WithLabels,
 };
 
@@ -102,20 +103,20 @@ pub struct QueryId {
 
 impl HistKey for QueryKey {
     type Id = QueryId;
+    type Value = Bucket;
 
     fn series(&self) -> SeriesId {
         self.series
     }
 
-    fn slot(&self) -> u8 {
-        self.slot
-    }
-
-    fn id(&self, series: SeriesId) -> Option<QueryId> {
-        Some(QueryId {
-            series,
-            metric: QueryMetric::try_from(self.metric).ok()?,
-        })
+    fn add_to(&self, series: SeriesId, value: &Bucket, hists: &mut Hists<QueryId>) -> bool {
+        let id = || {
+            Some(QueryId {
+                series,
+                metric: QueryMetric::try_from(self.metric).ok()?,
+            })
+        };
+        add_slot(id(), self.slot, value, hists)
     }
 }
 

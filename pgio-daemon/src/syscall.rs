@@ -19,7 +19,7 @@ use crate::{
     config::Config,
     exposition::{Encoder, Kind, MetricFamily},
     family::{Attach, Family, Probe, Setup, Taken},
-    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists, add_slot},
     labels::WithLabels,
     lock,
     maps::take_map,
@@ -108,21 +108,21 @@ pub struct SyscallId {
 
 impl HistKey for SyscallKey {
     type Id = SyscallId;
+    type Value = Bucket;
 
     fn series(&self) -> SeriesId {
         self.series
     }
 
-    fn slot(&self) -> u8 {
-        self.slot
-    }
-
-    fn id(&self, series: SeriesId) -> Option<SyscallId> {
-        Some(SyscallId {
-            series,
-            syscall: Syscall::try_from(self.syscall).ok()?,
-            cache: Cache::try_from(self.cache).ok()?,
-        })
+    fn add_to(&self, series: SeriesId, value: &Bucket, hists: &mut Hists<SyscallId>) -> bool {
+        let id = || {
+            Some(SyscallId {
+                series,
+                syscall: Syscall::try_from(self.syscall).ok()?,
+                cache: Cache::try_from(self.cache).ok()?,
+            })
+        };
+        add_slot(id(), self.slot, value, hists)
     }
 }
 
