@@ -45,6 +45,7 @@ pub mod series;
 pub mod syscall;
 pub mod top;
 pub mod tracefs;
+pub mod tracked_map;
 pub mod tracked_processes;
 pub mod web_config;
 

@@ -28,6 +28,8 @@ const LRU_HASH: u32 = 9;
 const LRU_PERCPU_HASH: u32 = 10;
 const RINGBUF: u32 = 27;
 const BPF_F_NO_PREALLOC: u32 = 1;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+const PAGE: u64 = 4096;
 
 /// `sizeof(struct htab_elem)` before its key (64-bit kernels).
 const HTAB_ELEM: u64 = 48;
@@ -79,11 +81,14 @@ impl MapShape {
                 usage
             }
             PERCPU_ARRAY => entries * 8 + entries * value * cpus,
+            // A mappable array's values start on a page of their own and fill whole pages.
+            ARRAY if self.flags & BPF_F_MMAPABLE != 0 => {
+                PAGE + (entries * value).div_ceil(PAGE) * PAGE
+            }
             ARRAY => entries * value,
             RINGBUF => {
                 // Its data pages, 3 pages of positions and header, and the page pointers (the
                 // data pages are mapped twice, so they are listed twice).
-                const PAGE: u64 = 4096;
                 const META_PAGES: u64 = 3;
                 let data_pages = u64::from(self.max_entries) / PAGE;
                 (META_PAGES + data_pages) * PAGE + (META_PAGES + 2 * data_pages) * 8

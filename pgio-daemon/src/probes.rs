@@ -15,7 +15,7 @@ use crate::{
     config::Config,
     families::FAMILIES,
     family::{Attach, Probe},
-    kernel_offsets, series,
+    kernel_offsets, series, tracked_map,
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pgio"));
@@ -28,10 +28,10 @@ pub fn object() -> &'static [u8] {
 /// The kernel side's counters of events it could not record (`self_metrics`).
 pub const DROPS_MAP: &str = "DROPS";
 
-/// Maps of the kernel side that belong to no family: the series map (`series`), the drop
+/// Maps of the kernel side that belong to no family: the series maps (`tracked_map`, `series`), the drop
 /// counters (`self_metrics`), the key quota (`key_quota`) and the benchmark's floor.
 pub const CORE_MAPS: &[&str] = &[
-    series::TRACKED_MAP,
+    tracked_map::TRACKED_MAP,
     series::CHILD_SERIES_MAP,
     DROPS_MAP,
     crate::key_owners::SERIES_OWNER_MAP,
@@ -197,7 +197,10 @@ pub fn map_sizes(config: &Config) -> Vec<(&'static str, u32)> {
     // The key quota's arrays hold one row of owners per histogram map.
     let quota_rows = FAMILIES.iter().filter(|f| f.hist_map().is_some()).count() as u32;
     let mut sizes = vec![
-        (series::TRACKED_MAP, pid_max),
+        (
+            tracked_map::TRACKED_MAP,
+            pgio_common::tracked_entries(pid_max),
+        ),
         (crate::key_quota::ALLOWANCE_MAP, quota_rows * OWNER_SLOTS),
         (crate::key_quota::REFUSED_MAP, quota_rows * OWNER_SLOTS),
     ];

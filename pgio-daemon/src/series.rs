@@ -31,6 +31,7 @@ use crate::{
     labels::Labels,
     maps::take_map,
     provisional::Provisional,
+    tracked_map::{TrackedError, TrackedMap},
 };
 
 /// Caps on label sets (config `max_series`, `max_series_per_app`, `max_series_per_group`,
@@ -341,30 +342,28 @@ pub type SharedTracked = Arc<Mutex<Tracked>>;
 /// The kernel's `TRACKED` (tgid → series) and `CHILD_SERIES` (series → its children start
 /// provisional) maps.
 pub struct KernelSeries {
-    tracked: Array<MapData, SeriesId>,
+    tracked: TrackedMap,
     child: Array<MapData, SeriesId>,
 }
 
-/// Sized to `pid_max` by the loader.
-pub const TRACKED_MAP: &str = "TRACKED";
 pub const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
 
 impl KernelSeries {
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {
         Ok(KernelSeries {
-            tracked: take_map(ebpf, TRACKED_MAP)?,
+            tracked: TrackedMap::take(ebpf)?,
             child: take_map(ebpf, CHILD_SERIES_MAP)?,
         })
     }
 
     /// Fails for a pid above the map's size (`pid_max` raised after pgio started).
-    pub fn set(&mut self, pid: u32, series: SeriesId) -> Result<(), MapError> {
-        self.tracked.set(pid, series, 0)
+    pub fn set(&mut self, pid: u32, series: SeriesId) -> Result<(), TrackedError> {
+        self.tracked.set(pid, series)
     }
 
     pub fn clear(&mut self, pid: u32) {
         // Out of range cannot have been set.
-        let _ = self.tracked.set(pid, SeriesId::UNTRACKED, 0);
+        let _ = self.tracked.set(pid, SeriesId::UNTRACKED);
     }
 
     /// Children of `parent` start in their own provisional series (`child` is their labels'

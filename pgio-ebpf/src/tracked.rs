@@ -4,13 +4,24 @@
 //!
 //! An array indexed by tgid rather than a hash: the verifier inlines array lookups into a
 //! bounds check and an address computation, so an untracked process pays almost nothing.
-//! `SeriesId::UNTRACKED` (0) means not tracked. Sized to `pid_max` by the loader (4 bytes a pid:
-//! 128 KiB for the default 32768, 16 MiB for 2^22).
-use aya_ebpf::{macros::map, maps::Array};
-use pgio_common::{CHILD_SERIES_MAX, PID_MAX_LIMIT, SeriesId};
+//! One u16 a tgid (`SeriesId::tracked_slot`), four to a value (`TRACKED_PER_ENTRY`), 0 for not
+//! tracked. Sized to `pid_max` by the loader (2 bytes a pid: 64 KiB for the default 32768,
+//! 8 MiB for 2^22). Mappable, so that userspace writes one tgid's u16 in place: a write of the
+//! whole value would undo a fork's write to its neighbour.
+use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+use pgio_common::{CHILD_SERIES_MAX, PID_MAX_LIMIT, SeriesId, TRACKED_PER_ENTRY, tracked_entries};
 
 #[map]
-static TRACKED: Array<SeriesId> = Array::with_max_entries(PID_MAX_LIMIT, 0);
+static TRACKED: Array<u64> =
+    Array::with_max_entries(tracked_entries(PID_MAX_LIMIT), BPF_F_MMAPABLE);
+
+/// `tgid`'s u16 in `TRACKED`.
+#[inline(always)]
+fn slot(tgid: u32) -> Option<*mut u16> {
+    let e = TRACKED.get_ptr_mut(tgid / TRACKED_PER_ENTRY)?;
+    // SAFETY: within the 8-byte value: the lane is below TRACKED_PER_ENTRY.
+    Some(unsafe { e.cast::<u16>().add((tgid % TRACKED_PER_ENTRY) as usize) })
+}
 
 /// `series → nonzero if a process of that series forks processes of another kind`. A
 /// postmaster's children are backends, not postmasters: each starts in its own provisional
@@ -34,16 +45,18 @@ pub fn child_series_of(series: SeriesId, child_tgid: u32) -> SeriesId {
 
 #[inline(always)]
 pub fn series_of(tgid: u32) -> Option<SeriesId> {
-    match TRACKED.get(tgid) {
-        Some(s) if s.is_tracked() => Some(*s),
-        _ => None,
-    }
+    // SAFETY: a map value's u16; userspace writes it with single 2-byte stores.
+    let v = unsafe { core::ptr::read_volatile(slot(tgid)?) };
+    let s = SeriesId::from_tracked_slot(tgid, v);
+    s.is_tracked().then_some(s)
 }
 
 #[inline(always)]
 pub fn set(tgid: u32, series: SeriesId) {
-    if let Some(p) = TRACKED.get_ptr_mut(tgid) {
-        // SAFETY: a plain u32 slot; a racing userspace write of the same slot is benign.
-        unsafe { *p = series };
-    }
+    let (Some(p), Some(v)) = (slot(tgid), series.tracked_slot(tgid)) else {
+        return;
+    };
+    // SAFETY: one 2-byte store, which leaves the other tgids of the value alone; a racing
+    // userspace write of the same tgid is benign.
+    unsafe { core::ptr::write_volatile(p, v) };
 }
