@@ -1,7 +1,10 @@
 //! Userspace side of the block probes: reads `BLOCK_IO_HIST` at scrape time and writes the
-//! `pgio_block_io_*` families; sweeps `BLOCK_IO_INFLIGHT` for requests whose completion never
-//! came (counted lost, so none is dropped in silence).
-use std::{sync::Mutex, time::Duration};
+//! `pgio_block_io_*` families; sweeps `BLOCK_IO_INFLIGHT` in the once-a-second pass for
+//! requests whose completion never came (counted lost, so none is dropped in silence).
+use std::{
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use aya::{
@@ -162,6 +165,8 @@ pub struct BlockIo {
     hists: HistSource<BlockIoKey>,
     inflight: Mutex<HashMap<MapData, u64, BlockIoInflight>>,
     timeout: Duration,
+    /// When the sweep last ran (`sweep_every`).
+    swept: Mutex<Instant>,
 }
 
 impl BlockIo {
@@ -172,6 +177,7 @@ impl BlockIo {
             hists: HistSource::take(ebpf, &HIST, max_entries)?,
             inflight: Mutex::new(take_map(ebpf, INFLIGHT_MAP)?),
             timeout,
+            swept: Mutex::new(Instant::now()),
         })
     }
 
@@ -179,25 +185,19 @@ impl BlockIo {
     /// kernel side finds a lost completion only when the same `struct request` starts again,
     /// which an idle device may never do. Entries never issued for `UNISSUED_FORGET` are
     /// requests that ended without IO of their own (a request merged into another, a flush the
-    /// flush sequence replaced): forgotten, so the map (not an LRU) cannot fill up with them.
-    /// Idle entries (a completed request's, kept for its `struct request`'s next use) are
-    /// deleted only past `IDLE_KEEP` entries: a disk's requests are few and reused, a removed
-    /// disk's are never used again.
+    /// flush sequence replaced): forgotten. Idle entries (a completed request's, kept for its
+    /// `struct request`'s next use) are left to the LRU. Reads every entry (two syscalls each,
+    /// ~130 ms for a full map here), so it runs in the once-a-second pass, every
+    /// `sweep_every`, never in a scrape.
     fn sweep(&self) {
         let now = monotonic_ns();
         let timeout = self.timeout.as_nanos() as u64;
         let mut map = lock(&self.inflight);
-        let mut entries = 0usize;
-        let mut idle = Vec::new();
-        let mut stale = Vec::new();
-        for (rq, e) in map.iter().filter_map(|r| r.ok()) {
-            entries += 1;
-            if e.is_idle() {
-                idle.push(rq);
-            } else if is_lost(&e, now, timeout) || never_issued(&e, now) {
-                stale.push((rq, e));
-            }
-        }
+        let stale: Vec<(u64, BlockIoInflight)> = map
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(_, e)| is_lost(e, now, timeout) || never_issued(e, now))
+            .collect();
         for (rq, e) in stale {
             if map.remove(&rq).is_ok() && e.issue_ns != 0 {
                 self.hists.reader.book(
@@ -209,17 +209,14 @@ impl BlockIo {
                 );
             }
         }
-        if entries > IDLE_KEEP {
-            for rq in idle {
-                let _ = map.remove(&rq);
-            }
-        }
     }
 }
 
-/// Idle in-flight entries the sweep keeps: more than the requests of a few dozen busy disks,
-/// a quarter of the map, and a bound on what each scrape's sweep reads.
-const IDLE_KEEP: usize = 16_384;
+/// How often the sweep reads the in-flight map: an eighth of the lost-request timeout (a lost
+/// request shows at most that late), between 1 and 30 s.
+fn sweep_every(timeout: Duration) -> Duration {
+    (timeout / 8).clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
 
 /// How long a request may wait to be issued before the sweep forgets it: far longer than any
 /// scheduler holds one (and a request issued after all is still counted, from its issue).
@@ -259,16 +256,20 @@ fn monotonic_ns() -> u64 {
 }
 
 impl Source for BlockIo {
-    /// Sweeps first, so the lost requests it finds are in this scrape (the one write a
-    /// scrape makes: a lost request must show by the next scrape after the timeout). The
-    /// once-a-second passes have no use for it.
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        self.sweep();
         self.hists.read(routes)
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {
         self.hists.fold(routes)
+    }
+
+    fn housekeep(&self) {
+        let mut swept = lock(&self.swept);
+        if swept.elapsed() >= sweep_every(self.timeout) {
+            self.sweep();
+            *swept = Instant::now();
+        }
     }
 }
 
@@ -386,6 +387,14 @@ mod tests {
         assert!(!is_lost(&e(0), now, timeout));
         // Issued after `now` was taken (a racing issue): not lost.
         assert!(!is_lost(&e(now + 5), now, timeout));
+    }
+
+    #[test]
+    fn the_sweep_runs_every_eighth_of_the_timeout_within_one_to_thirty_seconds() {
+        let s = Duration::from_secs;
+        assert_eq!(sweep_every(s(1)), s(1));
+        assert_eq!(sweep_every(s(180)), Duration::from_millis(22_500));
+        assert_eq!(sweep_every(s(3600)), s(30));
     }
 
     #[test]

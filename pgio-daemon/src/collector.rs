@@ -32,6 +32,10 @@ pub trait Source: Send + Sync {
     fn fold(&self, _routes: &Provisional) -> Result<()> {
         Ok(())
     }
+
+    /// Upkeep of its kernel maps that scrapes should not wait for (the block sweep), once a
+    /// second in `Collector::pass`.
+    fn housekeep(&self) {}
 }
 
 /// One source's reading, encoded once the series lock is held.
@@ -123,10 +127,13 @@ impl Collector {
     /// the last pass out of their provisional kernel keys (waiting for a scrape would let them
     /// pile up: under heavy connection churn, a thousand new backends a second and a 30 s
     /// scrape interval, they could fill the histogram maps), deletes retired series' keys and
-    /// frees their ids, then runs `then` (the map shares' balance) before a scrape reads the
+    /// frees their ids (each source's `housekeep` first), then runs `then` (the map shares' balance) before a scrape reads the
     /// maps again.
     pub fn pass(&self, then: impl FnOnce()) {
         let _pass = lock(&self.pass);
+        for s in &self.sources {
+            s.housekeep();
+        }
         self.fold();
         then();
     }

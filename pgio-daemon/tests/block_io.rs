@@ -201,11 +201,23 @@ fn a_request_that_never_completes_is_counted_lost_once() {
         }),
         "dd's read never went in flight on {dev}"
     );
-    std::thread::sleep(SETTLE);
-    let mid = daemon.scrape();
     let d = |a: &pgio_testkit::Metrics, b: &pgio_testkit::Metrics, name, labels: &[_]| {
         delta(a, b, name, labels)
     };
+    // The sweep runs in the once-a-second pass, every max(timeout / 8, 1 s): the request
+    // shows as lost a second or two after its timeout.
+    let mut mid = daemon.scrape();
+    pgio_testkit::wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        mid = daemon.scrape();
+        d(
+            &before,
+            &mid,
+            "pgio_block_io_lost_completions_total",
+            &on_dd,
+        ) >= 1.0
+    });
+    std::thread::sleep(SETTLE);
+    let mid = daemon.scrape();
     let lost_mid = d(
         &before,
         &mid,

@@ -6,10 +6,11 @@
 //! Bio-based disks (`dm-N`, md, zram) get no request events: their bios are joined instead,
 //! `block_bio_queue` (submitter's context) → `block_bio_complete`, on the same map.
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
-    maps::HashMap,
+    maps::{HashMap, LruHashMap},
     programs::BtfTracePointContext,
 };
 use pgio_common::{
@@ -22,15 +23,18 @@ use pgio_common::{
 use crate::{atomic::atomic_add, drops, kernel_offsets::offsets, key_quota, syscall, tracked};
 
 /// In-flight requests by `struct request *` (bios of bio-based disks by `struct bio *`). A
-/// plain preallocated hash, not an LRU (an LRU insert costs twice as much). A request's entry
-/// outlives it: blk-mq allocates a disk's `struct request`s once and reuses them, so the next
-/// request on the same one finds its entry and writes it in place (a lookup, ~40 ns) instead of
-/// an insert and a delete (~300 and ~150 ns here); a completed request leaves it idle (all
-/// times 0). An entry whose completion never comes is counted lost by userspace's sweep, one
-/// never issued (a request merged away, a flush) is forgotten by it, and idle ones are deleted
-/// when the map fills up.
+/// request's entry outlives it: blk-mq allocates a disk's `struct request`s once and reuses
+/// them, so the next request on the same one finds its entry and writes it in place (a lookup,
+/// ~40 ns) instead of an insert and a delete (~300 and ~150 ns here); a completed request
+/// leaves it idle (all times 0). An LRU, because a big NVMe disk has more `struct request`s
+/// than the map holds (hardware queues × depth, 1023 × 128 is common) and its tags cycle
+/// through all of them: the least recently used, idle ones make room; an insert costs twice a
+/// plain hash's, but only a request pointer not seen lately needs one. An entry whose
+/// completion never comes is counted lost by userspace's sweep, one never issued (a request
+/// merged away, a flush) is forgotten by it.
 #[map]
-static BLOCK_IO_INFLIGHT: HashMap<u64, BlockIoInflight> = HashMap::with_max_entries(65_536, 0);
+static BLOCK_IO_INFLIGHT: LruHashMap<u64, BlockIoInflight> =
+    LruHashMap::with_max_entries(65_536, 0);
 
 /// One row of histograms per (submitter series, device, op), shared by every CPU (atomic
 /// adds). A new row costs one of its owner's allowance (`key_quota`).
@@ -392,7 +396,7 @@ pub fn block_bio_complete(ctx: BtfTracePointContext) -> i32 {
     if BLOCK_IO_INFLIGHT.remove(&bio) == Err(-ENOENT) {
         return 0;
     }
-    complete(None, e, now, e.bytes);
+    complete(|| None, e, now, e.bytes);
     0
 }
 
@@ -427,15 +431,20 @@ unsafe fn observe(r: *mut BlockIoRow, m: usize, ns: u64) {
 }
 
 /// Books one completed request: device time, whole time, and queue time when it has one.
-/// `dev_op`: the request's device and op, for an entry that lacks them; a bio's entry (`None`)
-/// has everything from its submission.
+/// `dev_op`: reads the request's device and op, for an entry that lacks them (a request never
+/// seen issued); a bio's entry (`None`) has everything from its submission.
 #[inline(always)]
-fn complete(dev_op: Option<(u32, BlockOp)>, mut e: BlockIoInflight, now: u64, nr_bytes: u32) {
+fn complete(
+    dev_op: impl FnOnce() -> Option<(u32, BlockOp)>,
+    mut e: BlockIoInflight,
+    now: u64,
+    nr_bytes: u32,
+) {
     if e.issue_ns == 0 {
         // Never issued itself: an empty flush (the flush sequence issues its own flush
         // request, which is counted; the kernel does not account the original either).
         if e.start_ns == 0 || nr_bytes == 0 {
-            unmatched(dev_op);
+            unmatched(dev_op());
             return;
         }
         // Started, carried data, but its issue went unseen: still one request of this
@@ -445,7 +454,7 @@ fn complete(dev_op: Option<(u32, BlockOp)>, mut e: BlockIoInflight, now: u64, nr
         e.insert_ns = 0;
     }
     if e.dev == 0 {
-        let Some((dev, op)) = dev_op else {
+        let Some((dev, op)) = dev_op() else {
             drops::count(DropReason::DeviceUnreadable);
             return;
         };
@@ -481,19 +490,28 @@ unsafe fn idle(e: *mut BlockIoInflight) {
     }
 }
 
+/// The hook's first argument, loaded from the context anew (volatile: not the copy the
+/// compiler may keep in a stack slot that has been a map key).
+#[inline(always)]
+fn first_arg(ctx: &BtfTracePointContext) -> u64 {
+    // SAFETY: a tp_btf context is an array of u64 arguments; the hook has at least one.
+    unsafe { core::ptr::read_volatile(ctx.as_ptr() as *const u64) }
+}
+
 /// `block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes)`.
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u32 = ctx.arg(2);
-    // Everything read from the request first: once the stack slot holding `rq` has been a
-    // map helper's key, 6.12's verifier no longer knows it as a BTF pointer (6.18's and
-    // 5.10's do). The loads cost a few ns.
+    // Read before the lookup: once the stack slot holding `rq` has been a map helper's key,
+    // 6.12's verifier no longer knows it as a BTF pointer (6.18's and 5.10's do). The device
+    // and op, which only a request pgio did not see issued needs, are read after it from the
+    // pointer loaded from the context again.
     let left: u32 = unsafe { read(rq + offsets().request_data_len as u64) }.unwrap_or(0);
-    let dev_op = device_and_op(rq);
+    let dev_op = || device_and_op(first_arg(&ctx));
     let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) else {
-        unmatched(dev_op);
+        unmatched(dev_op());
         return 0;
     };
     // A partial completion: the request goes on (is requeued, or completed in more parts),
