@@ -304,7 +304,7 @@ static BYTES: MetricFamily = MetricFamily {
 };
 static UNMATCHED: MetricFamily = MetricFamily {
     name: "pgio_block_io_unmatched_completions",
-    help: "block_rq_complete events pgio could not match to a request it saw start and issue, by device and op: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), empty flushes (their flush request is counted), or requests issued before pgio started. Not lost IO as a rule.",
+    help: "block_rq_complete events pgio could not match to a request it saw start and issue, by device and op: the second completion of requests in a flush sequence (PREFLUSH/FUA writes), empty flushes (their flush request is counted), requests issued before pgio started, or (rarely) a request still in flight while 65,536 others started after it. Not lost IO as a rule.",
     kind: Kind::Counter,
 };
 static LOST: MetricFamily = MetricFamily {
