@@ -70,7 +70,7 @@ impl BenchOptions {
             per_call_only,
             programs_only,
             block_only,
-            block_secs: 10,
+            block_secs: 15,
         }
     }
 }
