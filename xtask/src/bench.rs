@@ -22,6 +22,7 @@ use pgio_testkit::{
 
 use crate::util::{fmt_duration, run, step, target_dir, which};
 
+mod big_node;
 mod block;
 
 pub struct BenchOptions {
@@ -898,7 +899,16 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
     let tps = pgbench_pairs(&bins, o)?;
     let crit = criterion(root, o.quick)?;
 
-    let report = report(o, &per_call, &programs, &block, &footprint, &tps, &crit);
+    let mut report = report(o, &per_call, &programs, &block, &footprint, &tps, &crit);
+    if !o.quick {
+        // Guests, last: their TCG threads would load both CPUs under the timed sections.
+        match big_node::big_node_cost(root) {
+            Ok(nodes) => big_node::report(&mut report, &nodes),
+            Err(e) => {
+                let _ = writeln!(report, "\n## 5. A big node\n\nNot measured: {e:#}");
+            }
+        }
+    }
     println!("{report}");
     if o.quick {
         step("quick run: BENCHMARKS.md left as it is");
