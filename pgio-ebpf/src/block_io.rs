@@ -142,6 +142,22 @@ struct Fresh {
 }
 
 impl Fresh {
+    /// The entry to insert (on the stack: only a new request pointer needs one).
+    #[inline(always)]
+    fn entry(&self) -> BlockIoInflight {
+        BlockIoInflight {
+            series: self.series,
+            dev: self.dev,
+            start_ns: self.start_ns,
+            insert_ns: self.insert_ns,
+            issue_ns: self.issue_ns,
+            op: self.op,
+            _pad: 0,
+            _pad2: 0,
+            bytes: self.bytes,
+        }
+    }
+
     /// SAFETY: `e` points to an in-flight map value.
     #[inline(always)]
     unsafe fn write(&self, e: *mut BlockIoInflight) {
@@ -164,26 +180,15 @@ impl Fresh {
 fn start(rq: u64, v: Fresh) {
     if let Some(old) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
         // SAFETY: map value pointer; only this request's own events touch it (and the sweep,
-        // which reads it, or deletes it when it is idle).
+        // which reads it, and deletes it once lost).
         unsafe {
             lost_if_issued(&*old);
             v.write(old);
         }
         return;
     }
-    let e = BlockIoInflight {
-        series: v.series,
-        dev: v.dev,
-        start_ns: v.start_ns,
-        insert_ns: v.insert_ns,
-        issue_ns: v.issue_ns,
-        op: v.op,
-        _pad: 0,
-        _pad2: 0,
-        bytes: v.bytes,
-    };
     if BLOCK_IO_INFLIGHT
-        .insert(&rq, &e, BPF_NOEXIST as u64)
+        .insert(&rq, &v.entry(), BPF_NOEXIST as u64)
         .is_err()
     {
         drops::count(DropReason::InflightFull);
@@ -363,18 +368,23 @@ fn bio_queued(bio: u64) -> i32 {
     };
     let series = current_series();
     let now = unsafe { bpf_ktime_get_ns() };
-    start(
-        bio,
-        Fresh {
-            series,
-            dev,
-            op: op as u8,
-            start_ns: now,
-            insert_ns: 0,
-            issue_ns: now,
-            bytes,
-        },
-    );
+    let v = Fresh {
+        series,
+        dev,
+        op: op as u8,
+        start_ns: now,
+        insert_ns: 0,
+        issue_ns: now,
+        bytes,
+    };
+    // A bio is new memory, removed at its completion: insert first (the lookup `start` makes
+    // first would miss), and only a pointer still held takes `start`'s path.
+    if BLOCK_IO_INFLIGHT
+        .insert(&bio, &v.entry(), BPF_NOEXIST as u64)
+        .is_err()
+    {
+        start(bio, v);
+    }
     // A read that reaches a bio-based disk missed the page cache, whatever its disks below do
     // (dm-delay, for one, submits to them from a kernel worker).
     if series.is_tracked() {
