@@ -390,6 +390,50 @@ mod tests {
     }
 
     #[test]
+    fn a_row_becomes_the_histograms_it_has_counts_of() {
+        let key = BlockIoKey {
+            series: SeriesId(3),
+            dev: 7 << 20,
+            op: BlockOp::Read as u8,
+            _pad: 0,
+            _pad2: 0,
+        };
+        let mut row = BlockIoRow {
+            bytes: 3 * 8192,
+            lost: 1,
+            ..BlockIoRow::ZERO
+        };
+        row.slots[0][20] = 3;
+        row.sum_ns[0] = 3_000_000;
+        row.slots[2][21] = 3;
+        row.sum_ns[2] = 4_000_000;
+        let mut hists = Hists::new();
+        // Booked under the series it was routed to, not the key's.
+        assert!(key.add_to(SeriesId(9), &row, &mut hists));
+        let get = |metric| {
+            hists.get(&BlockIoId {
+                series: SeriesId(9),
+                dev: 7 << 20,
+                op: BlockOp::Read,
+                metric,
+            })
+        };
+        let device = get(BlockMetric::Device).expect("device histogram");
+        assert_eq!((device.slots[20], device.count()), (3, 3));
+        assert_eq!((device.sum_ns, device.bytes), (3_000_000, 3 * 8192));
+        let total = get(BlockMetric::Total).expect("total histogram");
+        assert_eq!((total.slots[21], total.count(), total.bytes), (3, 3, 0));
+        assert_eq!(get(BlockMetric::Lost).map(Log2Hist::count), Some(1));
+        // No queue time, no unmatched completion: no histogram.
+        assert!(get(BlockMetric::Queue).is_none());
+        assert!(get(BlockMetric::Unmatched).is_none());
+        assert_eq!(hists.len(), 3);
+        // An op this build does not know: left out.
+        let unknown = BlockIoKey { op: 200, ..key };
+        assert!(!unknown.add_to(SeriesId(9), &row, &mut Hists::new()));
+    }
+
+    #[test]
     fn the_sweep_runs_every_eighth_of_the_timeout_within_one_to_thirty_seconds() {
         let s = Duration::from_secs;
         assert_eq!(sweep_every(s(1)), s(1));
