@@ -14,7 +14,8 @@
 mod metrics;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, hash_map::RandomState},
+    hash::BuildHasher,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -86,8 +87,14 @@ pub struct SeriesRegistry {
     /// Interned (not retired) label sets per app and per group, against the caps.
     per_app: HashMap<String, usize>,
     per_group: HashMap<Group, usize>,
-    /// New label sets booked under an overflow series, per app (`pgio_series_refused_total`).
+    /// Label sets booked under an overflow series, per app, each counted once
+    /// (`pgio_series_refused_total`).
     pub refused: BTreeMap<String, u64>,
+    /// Refused label sets already counted (hashed with this registry's random keys): the
+    /// processes of one are refused again at every rescan. One is forgotten when it gets a
+    /// series, all at `REFUSED_SEEN_MAX`.
+    refused_seen: HashSet<u64>,
+    hasher: RandomState,
     /// Label values cut at `label_len` (`pgio_label_values_truncated_total`).
     pub truncated_total: u64,
 }
@@ -117,6 +124,8 @@ impl SeriesRegistry {
             per_app: HashMap::new(),
             per_group: HashMap::new(),
             refused: BTreeMap::new(),
+            refused_seen: HashSet::new(),
+            hasher: RandomState::new(),
             truncated_total: 0,
         }
     }
@@ -138,10 +147,17 @@ impl SeriesRegistry {
         let full = self.len() >= self.limits.total
             || self.per_app.get(&labels.app).copied().unwrap_or(0) >= self.limits.per_app
             || self.per_group.get(&group).copied().unwrap_or(0) >= self.limits.per_group;
+        let seen = self.hasher.hash_one(&labels);
         if full {
-            *self.refused.entry(labels.app.clone()).or_default() += 1;
+            if self.refused_seen.len() >= REFUSED_SEEN_MAX {
+                self.refused_seen.clear();
+            }
+            if self.refused_seen.insert(seen) {
+                *self.refused.entry(labels.app.clone()).or_default() += 1;
+            }
             return self.intern(Labels::app_role(&labels.app, OVERFLOW));
         }
+        self.refused_seen.remove(&seen);
         *self.per_app.entry(labels.app.clone()).or_default() += 1;
         *self.per_group.entry(group).or_default() += 1;
         self.allocate(labels)
@@ -240,6 +256,10 @@ impl SeriesRegistry {
         }
     }
 }
+
+/// Refused label sets remembered as counted (8 bytes each, 512 KiB at most); past it, a
+/// label set refused before may be counted again.
+const REFUSED_SEEN_MAX: usize = 65_536;
 
 /// One label set less against a cap; empty counts are dropped (groups come and go).
 fn release<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
@@ -497,6 +517,13 @@ mod tests {
         let k2 = r.intern(Labels::app_role("kernel", "ksoftirqd"));
         assert_eq!(r.labels(k2).map(|l| l.role.as_str()), Some(OVERFLOW));
         assert_eq!(r.refused.get("kernel"), Some(&1));
+        // A label set refused again (its processes, at every rescan) is counted once.
+        for _ in 0..3 {
+            r.intern(Labels::app_role("kernel", "ksoftirqd"));
+            r.intern(backend("other", "x"));
+        }
+        assert_eq!(r.refused.get("kernel"), Some(&1));
+        assert_eq!(r.refused.get("postgres"), Some(&3));
         // Known label sets keep their id at the cap.
         assert_eq!(r.intern(backend("main", "shop")), real);
         // A retired series frees its room in its app and group.

@@ -157,6 +157,17 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
         FAKE_BACKENDS - PER_GROUP,
         fake_dbs.len()
     );
+    // Every rescan (each second here) classifies the refused backends again: a refused label
+    // set counts once, so a steady attack does not move the counter.
+    let refused = m.sum("pgio_series_refused_total", &[("app", "postgres")]);
+    std::thread::sleep(Duration::from_millis(3500));
+    let steady = daemon
+        .scrape()
+        .sum("pgio_series_refused_total", &[("app", "postgres")]);
+    assert_eq!(
+        steady, refused,
+        "pgio_series_refused_total grew over three rescans with the same {FAKE_BACKENDS} backends"
+    );
     assert!(
         fake_dbs.len() <= PER_GROUP,
         "{} label sets of one made-up cluster, cap {PER_GROUP}",

@@ -25,7 +25,7 @@ static SERIES_RETIRED: MetricFamily = MetricFamily {
 };
 static SERIES_REFUSED: MetricFamily = MetricFamily {
     name: "pgio_series_refused",
-    help: "New label sets booked under their app's role=\"overflow\" series because max_series, max_series_per_app or max_series_per_group was reached (counted per classification).",
+    help: "New label sets booked under their app's role=\"overflow\" series because max_series, max_series_per_app or max_series_per_group was reached, each counted once however often its processes are classified again.",
     kind: Kind::Counter,
 };
 static LABELS_TRUNCATED: MetricFamily = MetricFamily {
