@@ -127,8 +127,8 @@ impl Collector {
     /// the last pass out of their provisional kernel keys (waiting for a scrape would let them
     /// pile up: under heavy connection churn, a thousand new backends a second and a 30 s
     /// scrape interval, they could fill the histogram maps), deletes retired series' keys and
-    /// frees their ids (each source's `housekeep` first), then runs `then` (the map shares' balance) before a scrape reads the
-    /// maps again.
+    /// frees their ids (each source's `housekeep` first), then runs `then` (the map shares'
+    /// balance) before a scrape reads the maps again.
     pub fn pass(&self, then: impl FnOnce()) {
         let _pass = lock(&self.pass);
         for s in &self.sources {

@@ -93,15 +93,6 @@ impl TrackedMap {
         unsafe { (*self.base.as_ptr().add(tgid as usize)).store(v, Ordering::Relaxed) };
         Ok(())
     }
-
-    /// What the kernel books `tgid` under now.
-    pub fn get(&self, tgid: u32) -> Option<SeriesId> {
-        (tgid < self.tgids).then(|| {
-            // SAFETY: as in `set`.
-            let v = unsafe { (*self.base.as_ptr().add(tgid as usize)).load(Ordering::Relaxed) };
-            SeriesId::from_tracked_slot(tgid, v)
-        })
-    }
 }
 
 impl Drop for TrackedMap {
