@@ -1,11 +1,24 @@
-//! Queries of PostgreSQL backends, and the IO time inside each.
+//! Queries of PostgreSQL client backends, and the IO time inside each, from the backend's
+//! own client-socket syscalls (`recvfrom`, `sendto`: what `recv` and `send` become).
 //!
-//! A query is what `pg_stat_activity` shows as `active`: from the backend reporting itself
-//! running (`pgstat_report_activity` with the query text) to its next idle report (with NULL),
-//! which it makes right before `ReadyForQuery`. PostgreSQL 18 renumbered `BackendState`
-//! (measured with bpftrace: running is 2 before 18, 3 from 18), so the text argument, not the
-//! state, tells them apart. Every PostgreSQL build exports `pgstat_report_activity`, so
-//! one uprobe on it serves Debian's and the PyPI builds, 15 to 18, with or without USDT.
+//! A client backend reads a request from its socket, works, writes its reply and reads
+//! again. Its client socket is the one it read its startup packet from (or, for a backend
+//! that was already connected when pgio started, the first one it reads from).
+//! - **Plain connections** (`Wire::Plain`): a query ends with the send whose last six bytes
+//!   are a ReadyForQuery message (`Z`, length 5, status `I`/`T`/`E`): PostgreSQL flushes at
+//!   every ReadyForQuery and at nothing later. It began when the backend read the first bytes of
+//!   the request after waiting for them, or, when it did not wait (a pipeline, or a request
+//!   already there), at the previous ReadyForQuery. So simple, extended and prepared
+//!   protocols, pipelines, COPY, errors and cancels count one query per ReadyForQuery:
+//!   exactly what `pg_stat_activity.state` shows as `active`.
+//! - **Encrypted connections** (`Wire::Encrypted`, TLS or GSSAPI; their sends begin with a
+//!   byte below 0x20, which no protocol message type is): the bytes say nothing, so a query
+//!   is a request/response cycle: from reading a request to the last send before the
+//!   backend reads again. Their observations carry `wire="encrypted"`. A pipeline answered
+//!   without reading in between is one cycle (`MultiSend` counts cycles of more than one
+//!   send), a `COPY FROM STDIN` is two, and the authentication round trips after the TLS
+//!   handshake are cycles too (`EncryptedConnections` counts connections, so they can be
+//!   told apart).
 
 use crate::SeriesId;
 
@@ -18,6 +31,40 @@ crate::abi_enum! {
         Io = 1 => "io",
         /// The part of it in reads that missed the page cache (submitted block IO).
         ReadMiss = 2 => "read_miss",
+        /// Encrypted cycles whose reply took more than one send (count only).
+        MultiSend = 3 => "multi_send",
+        /// Encrypted connections that started while pgio ran (count only).
+        EncryptedConnections = 4 => "encrypted_connections",
+    }
+}
+
+crate::abi_enum! {
+    /// How a connection's queries are delimited (see the module doc).
+    pub enum Wire: u8 {
+        /// Not known yet: nothing is booked.
+        Unknown = 0 => "unknown",
+        /// Message boundaries (ReadyForQuery).
+        Plain = 1 => "plain",
+        /// Request/response cycles.
+        Encrypted = 2 => "encrypted",
+    }
+}
+
+crate::abi_enum! {
+    /// Where a backend is in its connection (`QueryState::phase`).
+    pub enum Phase: u8 {
+        /// Its client socket is known; it has not read a byte from it yet.
+        New = 0 => "new",
+        /// It read a startup packet (or a TLS ClientHello): connection start-up, not a query.
+        Startup = 1 => "startup",
+        /// Waiting for the client (its read found nothing).
+        Waiting = 2 => "waiting",
+        /// Running a query.
+        Running = 3 => "running",
+        /// It sent ReadyForQuery and has not waited yet: busy towards the next query.
+        AfterReply = 4 => "after_reply",
+        /// Not the server end of a connection (a replication or foreign-data client).
+        Ignored = 5 => "ignored",
     }
 }
 
@@ -31,13 +78,15 @@ pub struct QueryKey {
     pub series: SeriesId,
     pub metric: u8,
     pub slot: u8,
-    pub _pad: [u8; 2],
+    pub wire: u8,
+    pub _pad: u8,
 }
 
-/// A backend thread's running query (`QUERY`, by thread id).
+/// A client backend thread's connection and running query (`QUERY`, by thread id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueryState {
+    /// The running query's start (in `AfterReply`, the last ReadyForQuery's time).
     pub start_ns: u64,
     /// IO syscall time of the running query.
     pub io_ns: u64,
@@ -47,8 +96,112 @@ pub struct QueryState {
     pub miss_ns: u64,
     /// Inside `pgaio_wref_wait` (PostgreSQL 18 AIO) since then; 0 outside.
     pub wait_start_ns: u64,
+    /// Encrypted: when the cycle's last send returned.
+    pub last_send_ns: u64,
+    /// The pending read's buffer (`Phase::New`: its first bytes tell a startup packet).
+    pub recv_buf: u64,
+    /// The pending send's length: a ReadyForQuery counts once it is all written.
+    pub send_len: u64,
+    pub client_fd: u32,
+    /// Encrypted: sends in this cycle.
+    pub sends: u16,
+    /// `Phase`.
+    pub phase: u8,
+    /// `Wire`.
+    pub wire: u8,
+    /// `Pending`.
+    pub pending: u8,
+    pub _pad: [u8; 7],
 }
 
+crate::abi_enum! {
+    /// The client-socket call in progress (`QueryState::pending`).
+    pub enum Pending: u8 {
+        None = 0 => "none",
+        Recv = 1 => "recv",
+        /// A send that ends with ReadyForQuery.
+        ReplyEnd = 2 => "reply_end",
+        /// A send of an encrypted connection.
+        EncryptedSend = 3 => "encrypted_send",
+    }
+}
+
+/// A ReadyForQuery message: `Z`, length 5, and a transaction status.
+pub const fn is_ready_for_query(b: &[u8; 6]) -> bool {
+    b[0] == b'Z'
+        && b[1] == 0
+        && b[2] == 0
+        && b[3] == 0
+        && b[4] == 5
+        && matches!(b[5], b'I' | b'T' | b'E')
+}
+
+/// A send's first byte: TLS records (0x14–0x17) and GSSAPI packets (a big-endian length,
+/// 0 first) begin below 0x20; protocol messages begin with a letter or digit.
+pub const fn is_encrypted(first: u8) -> bool {
+    first < 0x20
+}
+
+/// The first 8 bytes a backend read from its socket begin a connection: a startup packet
+/// (length, then protocol 3.x or the SSL/GSSAPI/cancel request codes 80877102–80877104),
+/// or a TLS ClientHello of a direct-TLS connection (PostgreSQL 17+).
+pub const fn is_connection_start(b: &[u8; 8]) -> bool {
+    let code = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+    let protocol_3 = b[4] == 0 && b[5] == 3;
+    let request = code >= 80_877_102 && code <= 80_877_104;
+    let client_hello = b[0] == 0x16 && b[1] == 3;
+    (b[0] == 0 && (protocol_3 || request)) || client_hello
+}
+
+/// `SERVES_CLIENTS`: one bit per series, set for client backends' series.
+pub const SERVES_CLIENTS_WORDS: u32 = crate::CHILD_SERIES_MAX / 64;
+
 crate::abi_size!(QueryKey, 8, 4);
-crate::abi_size!(QueryState, 40, 8);
+crate::abi_size!(QueryState, 80, 8);
 crate::abi_pod!(QueryKey, QueryState);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_for_query_and_nothing_else() {
+        assert!(is_ready_for_query(b"Z\0\0\0\x05I"));
+        assert!(is_ready_for_query(b"Z\0\0\0\x05T"));
+        assert!(is_ready_for_query(b"Z\0\0\0\x05E"));
+        assert!(!is_ready_for_query(b"Z\0\0\0\x05X"));
+        assert!(!is_ready_for_query(b"C\0\0\0\x05I"));
+        assert!(!is_ready_for_query(b"Z\0\0\x01\x05I"));
+    }
+
+    #[test]
+    fn connection_starts() {
+        let startup = |v: [u8; 4]| {
+            let mut b = [0, 0, 0, 0x54, 0, 0, 0, 0];
+            b[4..].copy_from_slice(&v);
+            b
+        };
+        assert!(is_connection_start(&startup([0, 3, 0, 0])));
+        assert!(is_connection_start(&startup([0, 3, 0, 2])), "3.2 (PG18)");
+        for code in [80_877_102u32, 80_877_103, 80_877_104] {
+            let mut b = [0, 0, 0, 8, 0, 0, 0, 0];
+            b[4..].copy_from_slice(&code.to_be_bytes());
+            assert!(is_connection_start(&b), "{code}");
+        }
+        assert!(is_connection_start(&[0x16, 3, 1, 0, 0xf4, 1, 0, 0]));
+        // Messages of a running connection.
+        assert!(!is_connection_start(b"Q\0\0\0\x0dSEL"));
+        assert!(!is_connection_start(b"P\0\0\0\x20\0SE"));
+        assert!(!is_connection_start(&[0x17, 3, 3, 0, 0x20, 1, 2, 3]));
+    }
+
+    #[test]
+    fn encrypted_first_bytes() {
+        for b in [0x14, 0x15, 0x16, 0x17, 0] {
+            assert!(is_encrypted(b));
+        }
+        for b in *b"TDCZENSRK12ntAG" {
+            assert!(!is_encrypted(b));
+        }
+    }
+}

@@ -65,9 +65,14 @@ pub struct Config {
     /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
     pub block_inflight_timeout_secs: u64,
-    /// The query probe (a uprobe on PostgreSQL's `pgstat_report_activity`, attached per
-    /// postgres binary): `pgio_query_seconds`, `pgio_query_io_seconds`. Off by default: two
-    /// or more uprobe hits per query cost `pgbench -S` 8–12 % of its TPS (BENCHMARKS.md).
+    /// Query time and IO share (`pgio_query_seconds`, `pgio_query_io_seconds`, …) from the
+    /// client backends' socket syscalls (tracepoints on `recvfrom`/`sendto`): no uprobes, no
+    /// extra capability.
+    pub queries: bool,
+    /// With `queries`, a uprobe on PostgreSQL 18's `pgaio_wref_wait` (attached per postgres
+    /// binary): a backend's wait for an IO an io worker performs (`io_method = worker`)
+    /// counts as its query's IO time. Off by default: uprobes need CAP_SYS_ADMIN on patched
+    /// kernels (CVE-2025-38466), and each hit costs a few microseconds.
     pub query_probes: bool,
     /// At most this many distinct postgres binaries carry pgio's uprobes at once (each costs
     /// one or more fds and kernel uprobes); past it a binary is refused
@@ -120,6 +125,7 @@ impl Default for Config {
             hist_map_max_entries: 65_536,
             syscall_rows: true,
             block_inflight_timeout_secs: 180,
+            queries: true,
             query_probes: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),

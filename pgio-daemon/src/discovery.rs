@@ -94,8 +94,11 @@ impl Discovery {
         let now = std::time::Instant::now();
         shared.provisional.expire(now);
         for id in shared.retire_idle(now, self.series_retention, Classifier::child_labels) {
-            // A reused id must not make anyone's children provisional.
-            if self.kernel.set_children(id, SeriesId::UNTRACKED).is_err() {
+            // A reused id must not make anyone's children provisional, nor its processes
+            // client backends.
+            if self.kernel.set_children(id, SeriesId::UNTRACKED).is_err()
+                || self.kernel.set_serves_clients(id, false).is_err()
+            {
                 shared.kernel_map_errors += 1;
             }
         }

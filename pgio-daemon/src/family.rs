@@ -48,6 +48,8 @@ pub struct Probe {
     pub optional: bool,
     /// Attached only once this program is (the syscall programs need `sched_switch`).
     pub requires: Option<&'static str>,
+    /// Attached only when the config turns it on (not attached, it costs nothing).
+    pub when: Option<fn(&Config) -> bool>,
 }
 
 impl Probe {
@@ -57,7 +59,19 @@ impl Probe {
             attach,
             optional,
             requires: None,
+            when: None,
         }
+    }
+
+    /// Attached only when `on(config)`.
+    pub fn when(mut self, on: fn(&Config) -> bool) -> Probe {
+        self.when = Some(on);
+        self
+    }
+
+    /// Whether `config` turns it on.
+    pub fn is_on(&self, config: &Config) -> bool {
+        self.when.is_none_or(|on| on(config))
     }
 }
 
@@ -102,11 +116,6 @@ pub trait Family: Sync {
     /// Map sizes and global values from the config.
     fn setup(&self, _config: &Config) -> Setup {
         Setup::default()
-    }
-
-    /// Whether its per-binary uprobes are attached with this config.
-    fn enabled(&self, _config: &Config) -> bool {
-        true
     }
 
     /// Takes its maps out of the loaded object.

@@ -33,6 +33,7 @@ pub const DROPS_MAP: &str = "DROPS";
 pub const CORE_MAPS: &[&str] = &[
     tracked_map::TRACKED_MAP,
     series::CHILD_SERIES_MAP,
+    series::SERVES_CLIENTS_MAP,
     DROPS_MAP,
     crate::key_owners::SERIES_OWNER_MAP,
     crate::key_quota::ALLOWANCE_MAP,
@@ -54,13 +55,11 @@ pub fn table() -> Vec<Probe> {
     FAMILIES.iter().flat_map(|f| f.probes()).collect()
 }
 
-/// The uprobes attached to each postgres binary, of the families `config` turns on.
+/// The uprobes attached to each postgres binary that `config` turns on.
 pub fn per_binary(config: &Config) -> Vec<Probe> {
-    FAMILIES
-        .iter()
-        .filter(|f| f.enabled(config))
-        .flat_map(|f| f.probes())
-        .filter(|p| p.attach.is_per_binary())
+    table()
+        .into_iter()
+        .filter(|p| p.attach.is_per_binary() && p.is_on(config))
         .collect()
 }
 
@@ -234,7 +233,7 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status: Vec<ProbeStatus> = Vec::new();
-    for probe in table() {
+    for probe in table().into_iter().filter(|p| p.is_on(config)) {
         let missing = probe
             .requires
             .filter(|needed| !status.iter().any(|s| s.program == *needed && s.attached));

@@ -1,12 +1,13 @@
-//! Userspace side of the query probe: reads `QUERY_HIST` at scrape time and writes
-//! `pgio_query_seconds`, `pgio_query_io_seconds`, `pgio_query_read_miss_seconds` and
-//! `pgio_query_cache_misses_total`.
+//! Userspace side of the query family: reads `QUERY_HIST` at scrape time and writes
+//! `pgio_query_seconds`, `pgio_query_io_seconds`, `pgio_query_read_miss_seconds`,
+//! `pgio_query_cache_misses_total`, and the encrypted connections' flags
+//! (`pgio_query_multi_send_total`, `pgio_query_encrypted_connections_total`).
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
     hist::Bucket,
-    query::{QUOTA, QueryKey, QueryMetric},
+    query::{QUOTA, QueryKey, QueryMetric, Wire},
 };
 
 use crate::{
@@ -23,11 +24,20 @@ pub static HIST: HistMapSpec = HistMapSpec {
     map: "QUERY_HIST",
     quota: QUOTA,
 };
-/// The eBPF global that turns the syscall exits' query bookkeeping on (`query_probes`).
-const ENABLED_GLOBAL: &str = "QUERY_PROBES";
+/// The eBPF global that turns the syscall exits' query bookkeeping on (`queries`).
+const ENABLED_GLOBAL: &str = "QUERIES_ON";
 
-/// The query family (`Family`): uprobes on PostgreSQL, attached per binary.
+/// The query family (`Family`): tracepoints on the client-socket syscalls, and with
+/// `query_probes` uprobes on PostgreSQL 18's AIO wait, attached per binary.
 pub struct QueryFamily;
+
+fn queries(config: &Config) -> bool {
+    config.queries
+}
+
+fn aio_probes(config: &Config) -> bool {
+    config.queries && config.query_probes
+}
 
 impl Family for QueryFamily {
     fn name(&self) -> &'static str {
@@ -35,26 +45,33 @@ impl Family for QueryFamily {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        let uprobe = |function| Attach::UProbeLater { function };
+        let socket =
+            |program| Probe::new(program, Attach::TracePoint("syscalls"), true).when(queries);
         vec![
-            // PostgreSQL reports each change of `pg_stat_activity.state` through
-            // `pgstat_report_activity`: a query runs from `active` to the next idle state.
-            // Without it, no query metrics.
-            Probe::new(
-                "pgstat_report_activity",
-                uprobe("pgstat_report_activity"),
-                true,
-            ),
+            // A client backend reads requests and writes replies on its client socket: the
+            // replies' ReadyForQuery (or, encrypted, the rhythm) delimit its queries.
+            socket("sys_enter_recvfrom"),
+            socket("sys_exit_recvfrom"),
+            socket("sys_enter_sendto"),
+            socket("sys_exit_sendto"),
             // PostgreSQL 18's wait for an asynchronous IO (with `io_method = worker` an io
             // worker does the read): its time is the query's IO time. Absent before 18.
-            Probe::new("pgaio_wref_wait", uprobe("pgaio_wref_wait"), true),
+            Probe::new(
+                "pgaio_wref_wait",
+                Attach::UProbeLater {
+                    function: "pgaio_wref_wait",
+                },
+                true,
+            )
+            .when(aio_probes),
             Probe::new(
                 "pgaio_wref_wait_return",
                 Attach::URetProbeLater {
                     function: "pgaio_wref_wait",
                 },
                 true,
-            ),
+            )
+            .when(aio_probes),
         ]
     }
 
@@ -73,12 +90,8 @@ impl Family for QueryFamily {
     fn setup(&self, config: &Config) -> Setup {
         Setup {
             map_sizes: vec![(HIST.map, entries(config))],
-            globals: vec![(ENABLED_GLOBAL, vec![u8::from(config.query_probes)])],
+            globals: vec![(ENABLED_GLOBAL, vec![u8::from(config.queries)])],
         }
-    }
-
-    fn enabled(&self, config: &Config) -> bool {
-        config.query_probes
     }
 
     fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
@@ -99,6 +112,7 @@ fn entries(config: &Config) -> u32 {
 pub struct QueryId {
     pub series: SeriesId,
     pub metric: QueryMetric,
+    pub wire: Wire,
 }
 
 impl HistKey for QueryKey {
@@ -114,6 +128,7 @@ impl HistKey for QueryKey {
             Some(QueryId {
                 series,
                 metric: QueryMetric::try_from(self.metric).ok()?,
+                wire: Wire::try_from(self.wire).ok()?,
             })
         };
         add_slot(id(), self.slot, value, hists)
@@ -124,7 +139,7 @@ pub type QuerySnapshot = HistSnapshot<QueryId>;
 
 static QUERY_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_query_seconds",
-    help: "PostgreSQL query duration: from the backend reporting itself active to its next idle report, as pg_stat_activity.state shows it (seconds). One simple-protocol Query message, or one extended-protocol message sequence up to Sync.",
+    help: "PostgreSQL client backends' query duration (seconds). wire=plain: from reading the request (or, without waiting, the previous ReadyForQuery) to writing ReadyForQuery: one per simple Query, per extended sequence up to Sync, per pipelined Sync. wire=encrypted (TLS/GSSAPI): one per request/response cycle.",
     kind: Kind::Histogram,
 };
 static QUERY_IO_SECONDS: MetricFamily = MetricFamily {
@@ -142,6 +157,16 @@ static QUERY_CACHE_MISSES: MetricFamily = MetricFamily {
     help: "Reads during queries that submitted block IO (page-cache misses).",
     kind: Kind::Counter,
 };
+static QUERY_MULTI_SEND: MetricFamily = MetricFamily {
+    name: "pgio_query_multi_send",
+    help: "Encrypted request/response cycles whose reply took more than one send: a pipeline answered as one cycle (several queries counted as one), or a reply larger than PostgreSQL's 8 KiB send buffer.",
+    kind: Kind::Counter,
+};
+static QUERY_ENCRYPTED_CONNECTIONS: MetricFamily = MetricFamily {
+    name: "pgio_query_encrypted_connections",
+    help: "Encrypted (TLS/GSSAPI) client connections started: each one's authentication round trips after the handshake count as cycles in pgio_query_seconds{wire=\"encrypted\"}.",
+    kind: Kind::Counter,
+};
 
 impl HistId for QueryId {
     fn series(&self) -> SeriesId {
@@ -151,7 +176,7 @@ impl HistId for QueryId {
     fn encode(hists: &Hists<QueryId>, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
         let labels = |id: &QueryId| WithLabels {
             series: scrape.series(id.series),
-            extra: [],
+            extra: [("wire", id.wire.name())],
         };
         for (family, metric) in [
             (&QUERY_SECONDS, QueryMetric::Duration),
@@ -167,6 +192,18 @@ impl HistId for QueryId {
         for (id, h) in hists.iter() {
             if id.metric == QueryMetric::Duration {
                 f.counter(labels(id), h.bytes);
+            }
+        }
+        for (family, metric) in [
+            (&QUERY_MULTI_SEND, QueryMetric::MultiSend),
+            (
+                &QUERY_ENCRYPTED_CONNECTIONS,
+                QueryMetric::EncryptedConnections,
+            ),
+        ] {
+            let mut f = enc.family(family);
+            for (id, h) in hists.iter().filter(|(id, _)| id.metric == metric) {
+                f.counter(labels(id), h.count());
             }
         }
     }

@@ -364,16 +364,39 @@ pub type SharedTracked = Arc<Mutex<Tracked>>;
 pub struct KernelSeries {
     tracked: TrackedMap,
     child: Array<MapData, SeriesId>,
+    serves_clients: Array<MapData, u64>,
+    /// What `serves_clients` holds: only changed words are written.
+    serves_clients_words: Vec<u64>,
 }
 
 pub const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
+/// Bitmap of the series whose processes serve client connections (`pgio_common::query`).
+pub const SERVES_CLIENTS_MAP: &str = "SERVES_CLIENTS";
 
 impl KernelSeries {
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {
         Ok(KernelSeries {
             tracked: TrackedMap::take(ebpf)?,
             child: take_map(ebpf, CHILD_SERIES_MAP)?,
+            serves_clients: take_map(ebpf, SERVES_CLIENTS_MAP)?,
+            serves_clients_words: vec![0; pgio_common::query::SERVES_CLIENTS_WORDS as usize],
         })
+    }
+
+    /// Whether `series`' processes are client backends, whose client sockets delimit
+    /// queries. Set before any process is booked under it; an id's labels never change while
+    /// it lives, and a reused id is set again for its new labels.
+    pub fn set_serves_clients(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
+        let (word, bit) = ((series.0 / 64) as usize, 1u64 << (series.0 % 64));
+        let Some(w) = self.serves_clients_words.get_mut(word) else {
+            return Ok(()); // beyond the series cap: never a tracked id
+        };
+        let new = if on { *w | bit } else { *w & !bit };
+        if new != *w {
+            self.serves_clients.set(word as u32, new, 0)?;
+            *w = new;
+        }
+        Ok(())
     }
 
     /// Fails for a pid above the map's size (`pid_max` raised after pgio started).

@@ -58,6 +58,7 @@ impl Family for SyscallFamily {
                     optional: sc == Syscall::FutexWaitv,
                     // Without it they would book one thread's calls on another's series.
                     requires: Some(SCHED_SWITCH),
+                    when: None,
                 });
             }
         }

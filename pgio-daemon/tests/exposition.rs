@@ -6,7 +6,7 @@ use pgio_common::{
     block_io::{BlockMetric, BlockOp, mkdev},
     drops::DROP_REASONS,
     hist::{Bucket, slot},
-    query::QueryMetric,
+    query::{QueryMetric, Wire},
     syscall::{Cache, Syscall},
 };
 use std::collections::BTreeMap;
@@ -104,18 +104,26 @@ fn all_families() -> Readings {
         cluster: "/tmp/d a\"ta".into(),
         ..Labels::app_role("postgres", "checkpointer")
     });
-    for (n, (series, metric, misses)) in [
-        (pg, QueryMetric::Duration, 17),
-        (pg, QueryMetric::Io, 0),
-        (pg, QueryMetric::ReadMiss, 0),
-        (ckpt, QueryMetric::Duration, 0),
+    for (n, (series, metric, wire, misses)) in [
+        (pg, QueryMetric::Duration, Wire::Plain, 17),
+        (pg, QueryMetric::Io, Wire::Plain, 0),
+        (pg, QueryMetric::ReadMiss, Wire::Plain, 0),
+        (pg, QueryMetric::Duration, Wire::Encrypted, 2),
+        (pg, QueryMetric::MultiSend, Wire::Encrypted, 0),
+        (pg, QueryMetric::EncryptedConnections, Wire::Encrypted, 0),
+        (ckpt, QueryMetric::Duration, Wire::Plain, 0),
     ]
     .into_iter()
     .enumerate()
     {
-        r.queries
-            .0
-            .insert(QueryId { series, metric }, h(n as u64 + 20, misses));
+        r.queries.0.insert(
+            QueryId {
+                series,
+                metric,
+                wire,
+            },
+            h(n as u64 + 20, misses),
+        );
     }
     let stats = |entries: u64, owners: &[(&str, u32)], refused: &[(&str, u64)], evicted| MapStats {
         entries,

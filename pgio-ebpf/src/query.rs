@@ -1,96 +1,308 @@
-//! Query time and the IO time inside it, per backend thread: `pgstat_report_activity`
-//! (attached per postgres binary by userspace) opens and closes a query; the syscall exits
-//! add their time to the open one (`add_io`). Nothing per query leaves the kernel but two
-//! histogram increments.
+//! Query time and the IO time inside it, per client backend thread, from its client-socket
+//! syscalls (`pgio_common::query` has the rules): `recvfrom` and `sendto` move the backend's
+//! `Phase`; the syscall exits add their time to the running query (`add_io`). Nothing per
+//! query leaves the kernel but a few histogram increments.
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, uprobe, uretprobe},
-    maps::HashMap,
-    programs::{ProbeContext, RetProbeContext},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use pgio_common::{
     SeriesId,
     drops::DropReason,
     hist::{Bucket, slot},
-    query::{QUOTA, QueryKey, QueryMetric, QueryState},
+    query::{
+        Pending, Phase, QUOTA, QueryKey, QueryMetric, QueryState, Wire, is_connection_start,
+        is_encrypted, is_ready_for_query,
+    },
 };
 
 use crate::{drops, hist, tracked};
 
-/// `query_probes` from the config, written by userspace at load. The verifier sees the
-/// constant: with it off, `add_io` is pruned from every syscall exit.
+/// `queries` from the config, written by userspace at load. The verifier sees the constant:
+/// with it off, `add_io` is pruned from every syscall exit.
 #[unsafe(no_mangle)]
-static QUERY_PROBES: u8 = 0;
+static QUERIES_ON: u8 = 1;
 
-/// The running query of each backend thread, by thread id: an entry lives from a query's
-/// start to its end (or the thread's exit), so the map holds only queries running now. A hash,
-/// not task storage, so that the object loads on 5.10 (task storage for tracing is 5.11+);
-/// preallocated, as a tracing program's hash must be.
+/// Each client backend thread's connection, by thread id: from its first read of its client
+/// socket to its exit. An LRU, so that processes posing as backends cannot lock real ones
+/// out: an entry pushed out costs its backend the running query, then is learnt again.
+/// A hash, not task storage, so that the object loads on 5.10.
 #[map]
-static QUERY: HashMap<u32, QueryState> = HashMap::with_max_entries(QUERY_MAX, 0);
+static QUERY: LruHashMap<u32, QueryState> = LruHashMap::with_max_entries(QUERY_MAX, 0);
 
-/// Queries running at once on a node: far above any `max_connections` pgio has met. A query
-/// that finds the map full is not timed (`query_unavailable`).
+/// Client backends on a node: far above any `max_connections` pgio has met.
 const QUERY_MAX: u32 = 16_384;
-
-const EEXIST: i32 = 17;
-
-#[inline(always)]
-fn current_tid() -> u32 {
-    bpf_get_current_pid_tgid() as u32
-}
 
 #[map]
 static QUERY_HIST: HashMap<QueryKey, Bucket> = HashMap::with_max_entries(16_384, 0);
 
+const EAGAIN: i64 = 11;
+
+/// Offsets of the arguments in every kernel's `sys_enter_*` record, and of `ret` in
+/// `sys_exit_*`.
+const ARG0: usize = 16;
+const ARG1: usize = 24;
+const ARG2: usize = 32;
+const RET: usize = 16;
+
 #[inline(always)]
-fn book(series: SeriesId, metric: QueryMetric, ns: u64, misses: u64) {
+fn field(ctx: &TracePointContext, offset: usize) -> u64 {
+    // SAFETY: inside the fixed-size syscall record.
+    unsafe { *(ctx.as_ptr().add(offset) as *const u64) }
+}
+
+#[inline(always)]
+fn book(series: SeriesId, metric: QueryMetric, wire: u8, ns: u64, misses: u64) {
     let key = QueryKey {
         series,
         metric: metric as u8,
         slot: slot(ns),
-        _pad: [0; 2],
+        wire,
+        _pad: 0,
     };
     hist::add(&QUERY_HIST, QUOTA, series, &key, ns, misses);
 }
 
-/// `pgstat_report_activity(BackendState state, const char *cmd_str)` entry.
-#[uprobe]
-pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
+/// The query that ran from `s.start_ns` to `end`.
+#[inline(always)]
+fn book_query(tgid: u32, s: &QueryState, end: u64) {
+    let Some(series) = tracked::series_of(tgid) else {
+        return;
+    };
+    let d = end.wrapping_sub(s.start_ns);
+    book(series, QueryMetric::Duration, s.wire, d, s.misses);
+    // IO time is within the query's; the min guards IO done after an encrypted cycle's
+    // last send, which counts in it.
+    book(series, QueryMetric::Io, s.wire, s.io_ns.min(d), 0);
+    book(series, QueryMetric::ReadMiss, s.wire, s.miss_ns.min(d), 0);
+    if s.sends > 1 {
+        book(series, QueryMetric::MultiSend, s.wire, 0, 0);
+    }
+}
+
+/// The next query starts at `start` (`Running`, or `AfterReply` when busy since a reply).
+#[inline(always)]
+fn restart(s: *mut QueryState, phase: Phase, start: u64) {
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        (*s).phase = phase as u8;
+        (*s).start_ns = start;
+        (*s).io_ns = 0;
+        (*s).misses = 0;
+        (*s).miss_ns = 0;
+        (*s).sends = 0;
+    }
+}
+
+/// `recvfrom(fd, buf, len, …)`: a read of this backend's client socket begins. A thread's
+/// first read names its client socket.
+#[tracepoint]
+pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
-    // The state's numbering changed in PostgreSQL 18 (STATE_STARTING went in after
-    // STATE_UNDEFINED), but in every version the running states come with the query text and
-    // the idle ones with NULL.
-    let cmd_str: u64 = ctx.arg(1).unwrap_or(0);
-    if cmd_str != 0 {
-        // Extended protocol: Parse, Bind and Execute each report running; the query began at
-        // the first, so an existing entry stays as it is.
-        let start = QueryState {
-            start_ns: unsafe { bpf_ktime_get_ns() },
-            ..QueryState::default()
-        };
-        if let Err(e) = QUERY.insert(&tid, &start, BPF_NOEXIST as u64)
-            && e != -EEXIST
-        {
-            drops::count(DropReason::QueryUnavailable);
-        }
+    if !tracked::serves_clients(series) {
+        // A walsender or a replication client: classified since its first read.
+        let _ = QUERY.remove(&tid);
         return 0;
     }
+    let fd = field(&ctx, ARG0) as u32;
+    let s = match QUERY.get_ptr_mut(&tid) {
+        Some(s) => s,
+        None => {
+            let new = QueryState {
+                client_fd: fd,
+                ..QueryState::default()
+            };
+            if QUERY.insert(&tid, &new, BPF_NOEXIST as u64).is_err() {
+                drops::count(DropReason::QueryUnavailable);
+                return 0;
+            }
+            let Some(s) = QUERY.get_ptr_mut(&tid) else {
+                return 0;
+            };
+            s
+        }
+    };
     // SAFETY: a map value; only this thread's programs touch its key.
-    let Some(s) = (unsafe { QUERY.get(&tid) }).copied() else {
+    unsafe {
+        if (*s).client_fd != fd || (*s).phase == Phase::Ignored as u8 {
+            return 0;
+        }
+        (*s).pending = Pending::Recv as u8;
+        (*s).recv_buf = field(&ctx, ARG1);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    let Some(s) = QUERY.get_ptr_mut(&tid) else {
         return 0;
     };
-    let _ = QUERY.remove(&tid);
-    let d = unsafe { bpf_ktime_get_ns() }.wrapping_sub(s.start_ns);
-    book(series, QueryMetric::Duration, d, s.misses);
-    // IO time is within the query's; the min guards a clock oddity, never a real case.
-    book(series, QueryMetric::Io, s.io_ns.min(d), 0);
-    book(series, QueryMetric::ReadMiss, s.miss_ns.min(d), 0);
+    let ret = field(&ctx, RET) as i64;
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        if (*s).pending != Pending::Recv as u8 {
+            return 0;
+        }
+        (*s).pending = Pending::None as u8;
+        let data = ret > 0;
+        if !data && ret != -EAGAIN {
+            return 0; // end of stream or an error: the backend is going
+        }
+        let now = bpf_ktime_get_ns();
+        let phase = (*s).phase;
+        // Encrypted: a read after a send ends the cycle at that send.
+        let cycle_done = (*s).wire == Wire::Encrypted as u8 && (*s).sends > 0;
+        if phase == Phase::New as u8 {
+            if data {
+                read_first(s, tgid, ret, now);
+            }
+        } else if phase == Phase::Waiting as u8 {
+            if data {
+                restart(s, Phase::Running, now);
+            }
+        } else if phase == Phase::AfterReply as u8 {
+            if data {
+                (*s).phase = Phase::Running as u8;
+            } else {
+                (*s).phase = Phase::Waiting as u8;
+            }
+        } else if phase == Phase::Running as u8 {
+            if cycle_done {
+                let end = (*s).last_send_ns;
+                book_query(tgid, &*s, end);
+                restart(s, if data { Phase::Running } else { Phase::Waiting }, end);
+            }
+        } else if phase == Phase::Startup as u8 && cycle_done {
+            // The TLS handshake's flight: what follows is counted in cycles.
+            let end = (*s).last_send_ns;
+            restart(s, if data { Phase::Running } else { Phase::Waiting }, end);
+        }
+    }
+    0
+}
+
+/// A thread's first bytes from its socket: a connection's start, a running connection's
+/// request (a client backend that was connected before pgio started), or, for a process not
+/// classified yet, the client side of a connection (a replication worker).
+#[inline(always)]
+unsafe fn read_first(s: *mut QueryState, tgid: u32, ret: i64, now: u64) {
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        let first = if ret >= 8 {
+            bpf_probe_read_user((*s).recv_buf as *const [u8; 8]).ok()
+        } else {
+            None
+        };
+        if first.is_some_and(|b| is_connection_start(&b)) {
+            (*s).phase = Phase::Startup as u8;
+        } else if tracked::series_of(tgid).is_some_and(|series| !series.is_provisional()) {
+            restart(s, Phase::Running, now);
+        } else {
+            (*s).phase = Phase::Ignored as u8;
+        }
+    }
+}
+
+/// `sendto(fd, buf, len, …)`: the backend writes to its client socket. Its bytes tell the
+/// connection's wire, and, on a plain one, whether the send ends with ReadyForQuery.
+#[tracepoint]
+pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(s) = QUERY.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    let fd = field(&ctx, ARG0) as u32;
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        let phase = (*s).phase;
+        if (*s).client_fd != fd || phase == Phase::Ignored as u8 || phase == Phase::New as u8 {
+            return 0;
+        }
+        let buf = field(&ctx, ARG1);
+        let len = field(&ctx, ARG2);
+        if (*s).wire == Wire::Unknown as u8
+            && let Ok(first) = bpf_probe_read_user(buf as *const u8)
+            && is_encrypted(first)
+        {
+            (*s).wire = Wire::Encrypted as u8;
+            if phase == Phase::Startup as u8
+                && let Some(series) = tracked::series_of((bpf_get_current_pid_tgid() >> 32) as u32)
+            {
+                book(
+                    series,
+                    QueryMetric::EncryptedConnections,
+                    Wire::Encrypted as u8,
+                    0,
+                    0,
+                );
+            }
+        }
+        if (*s).wire == Wire::Encrypted as u8 {
+            // Waiting: an asynchronous notification, not a reply.
+            if phase != Phase::Waiting as u8 {
+                (*s).pending = Pending::EncryptedSend as u8;
+            }
+            return 0;
+        }
+        if len < 6 {
+            return 0;
+        }
+        if let Ok(tail) = bpf_probe_read_user((buf + len - 6) as *const [u8; 6])
+            && is_ready_for_query(&tail)
+        {
+            (*s).wire = Wire::Plain as u8;
+            (*s).pending = Pending::ReplyEnd as u8;
+            (*s).send_len = len;
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    let Some(s) = QUERY.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    let ret = field(&ctx, RET) as i64;
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        let pending = (*s).pending;
+        if pending == Pending::None as u8 {
+            return 0;
+        }
+        (*s).pending = Pending::None as u8;
+        if ret <= 0 {
+            return 0;
+        }
+        let now = bpf_ktime_get_ns();
+        if pending == Pending::EncryptedSend as u8 {
+            (*s).last_send_ns = now;
+            (*s).sends = (*s).sends.saturating_add(1);
+            return 0;
+        }
+        // A partial write: the rest, which ends with ReadyForQuery, follows.
+        if pending != Pending::ReplyEnd as u8 || ret as u64 != (*s).send_len {
+            return 0;
+        }
+        let phase = (*s).phase;
+        if phase == Phase::Running as u8 || phase == Phase::AfterReply as u8 {
+            book_query(tgid, &*s, now);
+        }
+        restart(s, Phase::AfterReply, now);
+    }
     0
 }
 
@@ -100,7 +312,7 @@ pub fn pgstat_report_activity(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 pub fn add_io(tid: u32, ns: u64, miss: bool) {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
-    if unsafe { core::ptr::read_volatile(&QUERY_PROBES) } == 0 {
+    if unsafe { core::ptr::read_volatile(&QUERIES_ON) } == 0 {
         return;
     }
     let Some(q) = QUERY.get_ptr_mut(&tid) else {
@@ -122,7 +334,7 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
 /// `io_method = worker` an io worker performs (no IO syscall of the backend's own).
 #[uprobe]
 pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
-    let Some(q) = QUERY.get_ptr_mut(&current_tid()) else {
+    let Some(q) = QUERY.get_ptr_mut(&(bpf_get_current_pid_tgid() as u32)) else {
         return 0;
     };
     // SAFETY: a map value; only this thread's programs touch its key.
@@ -137,7 +349,7 @@ pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
 /// Its return: the wait is IO time of the running query.
 #[uretprobe]
 pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
-    let Some(q) = QUERY.get_ptr_mut(&current_tid()) else {
+    let Some(q) = QUERY.get_ptr_mut(&(bpf_get_current_pid_tgid() as u32)) else {
         return 0;
     };
     // SAFETY: a map value; only this thread's programs touch its key.
@@ -151,8 +363,8 @@ pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Called by `sched_process_exit` for every exiting thread: a backend that exits mid-query
-/// (killed, or its client gone) leaves no entry behind.
+/// Called by `sched_process_exit` for every exiting thread: a backend's connection ends
+/// with it.
 #[inline(always)]
 pub fn thread_exit(tid: u32) {
     let _ = QUERY.remove(&tid);

@@ -9,7 +9,10 @@
 //! 8 MiB for 2^22). Mappable, so that userspace writes one tgid's u16 in place: a write of the
 //! whole value would undo a fork's write to its neighbour.
 use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
-use pgio_common::{CHILD_SERIES_MAX, PID_MAX_LIMIT, SeriesId, TRACKED_PER_ENTRY, tracked_entries};
+use pgio_common::{
+    CHILD_SERIES_MAX, PID_MAX_LIMIT, SeriesId, TRACKED_PER_ENTRY, query::SERVES_CLIENTS_WORDS,
+    tracked_entries,
+};
 
 #[map]
 static TRACKED: Array<u64> =
@@ -59,4 +62,21 @@ pub fn set(tgid: u32, series: SeriesId) {
     // SAFETY: one 2-byte store, which leaves the other tgids of the value alone; a racing
     // userspace write of the same tgid is benign.
     unsafe { core::ptr::write_volatile(p, v) };
+}
+
+/// One bit per series: set for client backends' series (`pgio_common::query`). Written by
+/// userspace before it books any process under the series.
+#[map]
+static SERVES_CLIENTS: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS, 0);
+
+/// Whether a process of `series` may be the server end of a client connection: a client
+/// backend, or a postmaster's child not classified yet (its first read tells).
+#[inline(always)]
+pub fn serves_clients(series: SeriesId) -> bool {
+    if series.is_provisional() {
+        return true;
+    }
+    SERVES_CLIENTS
+        .get(series.0 / 64)
+        .is_some_and(|w| w & (1 << (series.0 % 64)) != 0)
 }

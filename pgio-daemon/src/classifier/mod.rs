@@ -131,6 +131,12 @@ impl Classifier {
         labels.app == "postgres" && labels.role == "postmaster" && labels.cluster.is_empty()
     }
 
+    /// Whether a process with these labels serves client connections, whose socket
+    /// delimits its queries (`query`): a PostgreSQL client backend.
+    pub fn serves_clients(labels: &Labels) -> bool {
+        labels.app == "postgres" && labels.role == "client backend"
+    }
+
     /// Whether a process with these labels can still change them by retitling itself (so a
     /// freshly forked one is worth looking at again).
     pub fn settled(labels: &Labels) -> bool {

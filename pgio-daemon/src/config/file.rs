@@ -29,6 +29,7 @@ struct File {
     hist_map_max_entries: Option<Spanned<u64>>,
     syscall_rows: Option<bool>,
     block_inflight_timeout_secs: Option<Spanned<u64>>,
+    queries: Option<bool>,
     query_probes: Option<bool>,
     max_postgres_binaries: Option<usize>,
     http_header_timeout_secs: Option<Spanned<u64>>,
@@ -174,6 +175,7 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
         block_inflight_timeout_secs: file
             .block_inflight_timeout_secs
             .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
+        queries: file.queries.unwrap_or(default.queries),
         query_probes: file.query_probes.unwrap_or(default.query_probes),
         max_postgres_binaries: file
             .max_postgres_binaries

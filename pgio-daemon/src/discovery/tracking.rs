@@ -103,7 +103,12 @@ impl Discovery {
             t.attach_for(pid);
         }
         let provisional = Classifier::is_provisional(&labels);
+        let serves_clients = Classifier::serves_clients(&labels);
         let id = shared.intern(labels, KeyOwner::Pid(pid));
+        if let Err(e) = self.kernel.set_serves_clients(id, serves_clients) {
+            shared.kernel_map_errors += 1;
+            warn!(series = id.0, error = %e, "cannot mark a client backends' series");
+        }
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.
             debug!(pid, series = id.0, "still provisional");
