@@ -348,8 +348,7 @@ fn attach_binary(
                 error = format!("{e:#}"),
                 "uprobe not attached"
             ),
-            // Without the title: classification from /proc a few ms after fork; without
-            // the query probe: no query metrics for this binary.
+            // Without the title: classification from /proc a few ms after fork.
             Err(e) => warn!(
                 pid,
                 binary,

@@ -11,6 +11,7 @@ use pgio_common::{
 };
 
 use crate::{
+    classifier::Classifier,
     collector::Scrape,
     config::Config,
     exposition::{Encoder, Kind, MetricFamily},
@@ -178,18 +179,26 @@ impl HistId for QueryId {
             series: scrape.series(id.series),
             extra: [("wire", id.wire.name())],
         };
+        // A process the kernel saw as a new connection before pgio classified it, and that
+        // turned out not to serve clients (a walsender): its replication commands are not
+        // queries.
+        let hists: Vec<_> = hists
+            .iter()
+            .filter(|(id, _)| Classifier::serves_clients(scrape.series(id.series)))
+            .collect();
+        let hists = hists.iter().copied();
         for (family, metric) in [
             (&QUERY_SECONDS, QueryMetric::Duration),
             (&QUERY_IO_SECONDS, QueryMetric::Io),
             (&QUERY_READ_MISS_SECONDS, QueryMetric::ReadMiss),
         ] {
             let mut f = enc.family(family);
-            for (id, h) in hists.iter().filter(|(id, _)| id.metric == metric) {
+            for (id, h) in hists.clone().filter(|(id, _)| id.metric == metric) {
                 f.histogram(labels(id), h);
             }
         }
         let mut f = enc.family(&QUERY_CACHE_MISSES);
-        for (id, h) in hists.iter() {
+        for (id, h) in hists.clone() {
             if id.metric == QueryMetric::Duration {
                 f.counter(labels(id), h.bytes);
             }
@@ -202,7 +211,7 @@ impl HistId for QueryId {
             ),
         ] {
             let mut f = enc.family(family);
-            for (id, h) in hists.iter().filter(|(id, _)| id.metric == metric) {
+            for (id, h) in hists.clone().filter(|(id, _)| id.metric == metric) {
                 f.counter(labels(id), h.count());
             }
         }

@@ -1,5 +1,6 @@
 //! Query time and the IO inside it (`pgio_query_seconds`, `pgio_query_io_seconds`), on real
-//! PostgreSQL: Debian's 15 and PyPI's 18.
+//! PostgreSQL: Debian's 15 and PyPI's 18, with the default config (query boundaries from the
+//! client socket), and PostgreSQL 18's AIO waits with the opt-in uprobe (`query_probes`).
 //! - N × `SELECT pg_sleep(0.05)`: exactly N queries, all in (33.5 ms, 67.1 ms], IO ≈ 0.
 //! - pgbench with each protocol (`-M simple|extended|prepared`): pgio's query count is the
 //!   number of transactions pgbench reports (one statement each), exactly, plus with
@@ -77,7 +78,7 @@ fn setup(major: u32, port: u16) -> Setup {
     let dir = temp_dir().expect("temp dir");
     let data = dir.path().join("data");
     let mut pg = PgCluster::init_with(PgOptions::new(&bin, &data, port)).expect("initdb");
-    let daemon = Daemon::with_config("query_probes = true\n").expect("daemon");
+    let daemon = Daemon::with_config("").expect("daemon");
     pg.start().expect("start");
     daemon.wait_tracked("postgres", "postmaster");
     pg.psql(&format!("CREATE ROLE {USER} LOGIN")).expect("role");
@@ -273,7 +274,13 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
     pg.stop().expect("stop");
     fs.remount().expect("remount");
 
-    let daemon = Daemon::with_config("query_probes = true\n").expect("daemon");
+    // io_method = worker: the backend's AIO waits need the opt-in uprobe.
+    let config = if io_method.is_some() {
+        "query_probes = true\n"
+    } else {
+        ""
+    };
+    let daemon = Daemon::with_config(config).expect("daemon");
     pg.start().expect("start cold");
     daemon.wait_tracked("postgres", "postmaster");
     // Catalogs warm, statistics empty: the window holds the scan.

@@ -141,11 +141,19 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// The thread's connection, if it is a tracked process': an untracked one (any other program
+/// on the node that uses sockets) pays an array lookup, not a hash lookup.
+#[inline(always)]
+fn connection(tid: u32, tgid: u32) -> Option<*mut QueryState> {
+    tracked::series_of(tgid)?;
+    QUERY.get_ptr_mut(&tid)
+}
+
 #[tracepoint]
 pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    let Some(s) = QUERY.get_ptr_mut(&tid) else {
+    let Some(s) = connection(tid, tgid) else {
         return 0;
     };
     let ret = field(&ctx, RET) as i64;
@@ -218,8 +226,9 @@ unsafe fn read_first(s: *mut QueryState, tgid: u32, ret: i64, now: u64) {
 /// connection's wire, and, on a plain one, whether the send ends with ReadyForQuery.
 #[tracepoint]
 pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(s) = QUERY.get_ptr_mut(&tid) else {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    let Some(s) = connection(tid, tgid) else {
         return 0;
     };
     let fd = field(&ctx, ARG0) as u32;
@@ -237,7 +246,7 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
         {
             (*s).wire = Wire::Encrypted as u8;
             if phase == Phase::Startup as u8
-                && let Some(series) = tracked::series_of((bpf_get_current_pid_tgid() >> 32) as u32)
+                && let Some(series) = tracked::series_of(tgid)
             {
                 book(
                     series,
@@ -273,7 +282,7 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
 pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    let Some(s) = QUERY.get_ptr_mut(&tid) else {
+    let Some(s) = connection(tid, tgid) else {
         return 0;
     };
     let ret = field(&ctx, RET) as i64;
@@ -320,7 +329,10 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
     };
     // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
-        if (*q).wait_start_ns == 0 {
+        let phase = (*q).phase;
+        if (phase == Phase::Running as u8 || phase == Phase::AfterReply as u8)
+            && (*q).wait_start_ns == 0
+        {
             (*q).io_ns += ns;
             if miss {
                 (*q).misses += 1;
