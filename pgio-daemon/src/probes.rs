@@ -95,6 +95,9 @@ pub enum FloorHooks {
     TpBtf,
     /// The `part_*` programs, all on `syscalls/sys_enter_pread64`.
     Parts,
+    /// `floor_tracepoint` on every tracepoint of the probe table (with the default config)
+    /// and `floor_sched_switch`: what pgio's hooks cost before its programs do anything.
+    Pgio,
 }
 
 /// The floor's programs, for the object test.
@@ -105,6 +108,8 @@ pub const FLOOR_PROGRAMS: &[&str] = &[
     "floor_fexit_pread64",
     "floor_tp_btf_sys_enter",
     "floor_tp_btf_sys_exit",
+    "floor_tracepoint",
+    "floor_sched_switch",
 ];
 
 pub const FLOOR_PARTS: [&str; 8] = [
@@ -128,6 +133,22 @@ pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
                 let name = format!("floor_sys_{dir}_pread64");
                 attach_tracepoint(&mut ebpf, &name, &format!("sys_{dir}_pread64"))?;
             }
+        }
+        FloorHooks::Pgio => {
+            let config = Config::default();
+            let p: &mut TracePoint = program(&mut ebpf, "floor_tracepoint")?.try_into()?;
+            p.load()?;
+            for probe in table().into_iter().filter(|p| p.is_on(&config)) {
+                if let Attach::TracePoint(category) = probe.attach {
+                    p.attach(category, &probe.program).with_context(|| {
+                        format!("attaching floor_tracepoint to {category}/{}", probe.program)
+                    })?;
+                }
+            }
+            let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
+            let p: &mut BtfTracePoint = program(&mut ebpf, "floor_sched_switch")?.try_into()?;
+            p.load("sched_switch", &btf)?;
+            p.attach()?;
         }
         FloorHooks::Parts => {
             for name in FLOOR_PARTS {

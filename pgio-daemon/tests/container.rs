@@ -20,6 +20,8 @@ use pgio_testkit::{
     daemon::free_port, diskstats, metrics::http_get, scrape, temp_dir, wait_until,
 };
 
+/// Statements the session runs under pgio in the container.
+const QUERIES: u64 = 10;
 const READS: u64 = 2_000;
 const APP: &str = "container-test";
 /// The container's daemon counts a request lost 1 s after its issue when its completion never
@@ -322,7 +324,7 @@ fn daemonset_security_context_in_podman() {
     pg.psql(&format!("create database \"{PG_DB}\" owner \"{PG_USER}\""))
         .expect("create database");
     pg.psql("checkpoint").expect("checkpoint");
-    let _session = pg.session(PG_DB, PG_USER).expect("psql session");
+    let mut session = pg.session(PG_DB, PG_USER).expect("psql session");
     let seen = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
         pg.psql(&format!(
             "select datname || '/' || usename from pg_stat_activity \
@@ -446,6 +448,25 @@ fn daemonset_security_context_in_podman() {
     assert_eq!(
         by_dd, disk_reads,
         "reads attributed to app={APP} role=dd in pod tenant/reader-0"
+    );
+    // Query metrics with the DaemonSet's capabilities (tracepoints on the client socket, no
+    // uprobe): the session, connected before pgio started, runs QUERIES statements.
+    let queries = |m: &Metrics| m.sum("pgio_query_seconds_count", &backend);
+    let before = full.scrape();
+    for _ in 0..QUERIES {
+        session.send("SELECT 1;").expect("send");
+    }
+    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        queries(&full.scrape()) - queries(&before) >= QUERIES as f64
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let got = queries(&full.scrape()) - queries(&before);
+    eprintln!("queries: {QUERIES} statements, pgio {got}");
+    assert_eq!(
+        got,
+        QUERIES as f64,
+        "one query per statement of the session:\n{}",
+        full.container.logs()
     );
     let code = full.container.stop(Duration::from_secs(20)).expect("stop");
     assert_eq!(

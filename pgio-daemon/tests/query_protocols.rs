@@ -5,7 +5,8 @@
 //!   connection's start-up is not a query (`pgbench -C`); a backend connected before pgio
 //!   started is timed from its next request; a multi-statement simple query is one; a
 //!   pipeline up to its Sync is one, each `\syncpipeline` one more (17+); COPY in and out is
-//!   one each; time idle in a transaction is in no query;
+//!   one each; a cancelled query is one; time idle in a transaction is in no query; pg_dump
+//!   books one per Query message the server logs (`log_statement = all`);
 //! - TLS connections (`sslmode=require`, a certificate made here): one cycle per
 //!   request/response, plus the connection's start-up cycles after the handshake (one with
 //!   `trust`, two where the server sends TLS 1.3 session tickets), each connection counted in `pgio_query_encrypted_connections_total`; a
@@ -16,7 +17,9 @@ mod common;
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
 use common::{Daemon, delta};
-use pgio_testkit::{Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir, wait_until};
+use pgio_testkit::{
+    Metrics, PgCluster, PgOptions, PsqlSession, pg_bin_dir, require_root, temp_dir, wait_until,
+};
 
 const DB: &str = "pdb";
 
@@ -75,6 +78,19 @@ impl Case {
             "{what}: nothing encrypted"
         );
         after
+    }
+
+    /// A psql session on DB whose first query pgio has counted: nothing of its start is
+    /// left to fall into the next window.
+    fn warm_session(&self) -> PsqlSession {
+        let before = self.daemon().scrape();
+        let mut session = self.pg.session(DB, "postgres").expect("session");
+        session.send("SELECT 1;").expect("send");
+        let counted = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+            self.count(&self.daemon().scrape(), "plain") - self.count(&before, "plain") >= 1.0
+        });
+        assert!(counted, "the session's first query was not counted");
+        session
     }
 
     /// pgbench as the OS user with `args` (connection options included); its transactions.
@@ -160,7 +176,10 @@ fn protocols(major: u32, port: u16) {
     let data = dir.path().join("data");
     let opts = PgOptions::new(&bin, &data, port)
         .setting("listen_addresses", "'127.0.0.1'")
-        .setting("ssl", "on");
+        .setting("ssl", "on")
+        // pg_dump's Query messages, one log line each, by application name.
+        .setting("log_statement", "'all'")
+        .setting("log_line_prefix", "'%m [%p] %a: '");
     let mut pg = PgCluster::init_with(opts).expect("initdb");
     make_certificate(&pg);
     pg.start().expect("start");
@@ -177,6 +196,16 @@ fn protocols(major: u32, port: u16) {
     // A backend connected before pgio started: timed from its next request on.
     let mut early = c.pg.session(DB, "postgres").expect("session");
     early.send("SELECT 1;").expect("send");
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+            c.pg.psql(&format!(
+                "select count(*) from pg_stat_activity where datname = '{DB}' \
+                 and state = 'idle' and query = 'SELECT 1;'"
+            ))
+            .is_ok_and(|n| n == "1")
+        }),
+        "the early session's first query did not finish"
+    );
     c.daemon = Some(Daemon::with_config("").expect("daemon"));
     c.daemon().wait_tracked("postgres", "postmaster");
     assert!(
@@ -241,9 +270,8 @@ fn protocols(major: u32, port: u16) {
         assert_eq!(out.lines().count(), 5000);
     });
     // Idle in transaction: 4 queries, and the 0.5 s between them is in none.
-    let mut session = c.pg.session(DB, "postgres").expect("session");
-    session.send("SELECT 1;").expect("send");
-    let after = c.expect_plain("BEGIN, SELECT, (idle 0.5 s), SELECT, COMMIT", 5.0, || {
+    let mut session = c.warm_session();
+    let after = c.expect_plain("BEGIN, SELECT, (idle 0.5 s), SELECT, COMMIT", 4.0, || {
         session.send("BEGIN;").expect("send");
         session.send("SELECT 1;").expect("send");
         std::thread::sleep(Duration::from_millis(500));
@@ -259,6 +287,53 @@ fn protocols(major: u32, port: u16) {
         h.count,
         "no query holds the idle 0.5 s"
     );
+    // A cancelled query is a query: active until its error is reported.
+    let mut session = c.warm_session();
+    let after = c.expect_plain("pg_sleep(30) cancelled", 1.0, || {
+        session.send("SELECT pg_sleep(30);").expect("send");
+        let pid = wait_for_active(&c.pg);
+        c.pg.psql(&format!("select pg_cancel_backend({pid})"))
+            .expect("cancel");
+    });
+    drop(session);
+    let h = after
+        .histogram("pgio_query_seconds", &c.labels("plain"))
+        .expect("histogram");
+    assert!(
+        h.sum < 30.0,
+        "the cancelled query did not run 30 s: {} s",
+        h.sum
+    );
+    // pg_dump: one query per Query message it sends (the server logs each).
+    let statements = || {
+        std::fs::read_to_string(c.pg.log_file())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("] pg_dump: LOG:  statement: "))
+            .count() as f64
+    };
+    let logged = statements();
+    let before = c.daemon().scrape();
+    let mut dump = c.pg.as_os_user("pg_dump");
+    dump.args([
+        "-h",
+        &socket,
+        "-p",
+        &c.pg.port().to_string(),
+        "-f",
+        "/dev/null",
+        DB,
+    ]);
+    assert!(dump.status().expect("pg_dump").success(), "pg_dump");
+    let messages = statements() - logged;
+    assert!(
+        messages > 10.0,
+        "pg_dump's statements in the log: {messages}"
+    );
+    let after = c.settle(&before, "plain", messages);
+    let got = c.count(&after, "plain") - c.count(&before, "plain");
+    eprintln!("PostgreSQL {major}: pg_dump: {messages} Query messages logged, {got} queries");
+    assert_eq!(got, messages, "pg_dump");
     // Pipelines: one query per Sync.
     let pipeline = c.script(
         "pipeline.sql",
@@ -385,4 +460,19 @@ fn pg17_query_protocols() {
 #[test]
 fn pg18_query_protocols() {
     protocols(18, 56_532);
+}
+
+/// The pid of the one backend on DB running a query.
+fn wait_for_active(pg: &PgCluster) -> String {
+    let mut pid = String::new();
+    let found = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        pid = pg
+            .psql(&format!(
+                "select pid from pg_stat_activity where datname = '{DB}' and state = 'active'"
+            ))
+            .unwrap_or_default();
+        !pid.is_empty()
+    });
+    assert!(found, "no active backend on {DB}");
+    pid
 }

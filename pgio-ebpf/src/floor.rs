@@ -1,6 +1,7 @@
 //! Benchmark fixtures, loaded only by `pgio-daemon floor`, never by `run`:
 //! - empty programs on each hook type pgio can time pread64 with: their cost is the floor any
-//!   tracer pays (`cargo xtask bench` compares pgio against it);
+//!   tracer pays (`cargo xtask bench` compares pgio against it); and on pgio's own tracepoints
+//!   and `sched_switch`, the mechanism's share of pgio's cost under a database load;
 //! - `part_*`: one piece of the syscall timing each, on the pread64 tracepoint, so the kernel's
 //!   per-program run time (bpf_stats) says what each piece costs.
 use aya_ebpf::{
@@ -44,6 +45,18 @@ pub fn floor_tp_btf_sys_enter(_ctx: BtfTracePointContext) -> i32 {
 
 #[btf_tracepoint(function = "sys_exit")]
 pub fn floor_tp_btf_sys_exit(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+/// Attached to each `syscalls`/`sched` tracepoint pgio's table has (`floor --hooks pgio`).
+#[tracepoint]
+pub fn floor_tracepoint(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+/// And to `sched_switch`, pgio's hottest BTF hook under a database load.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn floor_sched_switch(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 

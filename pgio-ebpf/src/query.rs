@@ -108,8 +108,11 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
         return 0;
     };
     if !tracked::serves_clients(series) {
-        // A walsender or a replication client: classified since its first read.
-        let _ = QUERY.remove(&tid);
+        // A walsender or a replication client, classified since its first read, leaves its
+        // entry; other tracked processes (Longhorn's) only pay the lookup.
+        if QUERY.get_ptr(&tid).is_some() {
+            let _ = QUERY.remove(&tid);
+        }
         return 0;
     }
     let fd = field(&ctx, ARG0) as u32;

@@ -44,6 +44,8 @@ pub struct BenchOptions {
     pub block_only: bool,
     /// Seconds of each fio run of the block section.
     pub block_secs: u64,
+    /// Only section 2's table (pgbench -S), printed; BENCHMARKS.md untouched.
+    pub pgbench_only: bool,
 }
 
 impl BenchOptions {
@@ -58,20 +60,27 @@ impl BenchOptions {
             programs_only: false,
             block_only: false,
             block_secs: 2,
+            pgbench_only: false,
         }
     }
 
-    pub fn full(per_call_only: bool, programs_only: bool, block_only: bool) -> BenchOptions {
+    pub fn full(
+        per_call_only: bool,
+        programs_only: bool,
+        block_only: bool,
+        pgbench_only: bool,
+    ) -> BenchOptions {
         BenchOptions {
             rounds: 15,
             calls: 1_000_000,
             pairs: 15,
-            pgbench_secs: 6,
+            pgbench_secs: 10,
             quick: false,
             per_call_only,
             programs_only,
             block_only,
             block_secs: 15,
+            pgbench_only,
         }
     }
 }
@@ -724,27 +733,153 @@ fn footprint(bins: &Bins, secs: u64) -> Result<Footprint> {
     })
 }
 
+/// The configurations `pgbench -S` runs under, one run each per round, in rotating order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum PgbenchRun {
+    Without,
+    /// `pgio-daemon floor --hooks pgio`: empty programs on pgio's hooks.
+    Floor,
+    /// pgio with `queries = false`.
+    NoQueries,
+    /// pgio with its default config (query metrics on).
+    Default,
+}
+
+impl PgbenchRun {
+    const ALL: [PgbenchRun; 4] = [
+        PgbenchRun::Without,
+        PgbenchRun::Floor,
+        PgbenchRun::NoQueries,
+        PgbenchRun::Default,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            PgbenchRun::Without => "without pgio",
+            PgbenchRun::Floor => "empty programs on pgio's hooks (the floor)",
+            PgbenchRun::NoQueries => "with pgio, `queries = false`",
+            PgbenchRun::Default => "with pgio, default config (query metrics on)",
+        }
+    }
+}
+
 struct Tps {
-    without: Vec<f64>,
-    /// pgio with `query_probes = false`.
-    with: Vec<f64>,
-    /// Each pgio program's (run seconds, runs) in one more `with` run, with bpf_stats on, and
-    /// its wall seconds: where the CPU that pgio takes from pgbench goes.
+    /// Per configuration, one tps per round.
+    runs: BTreeMap<PgbenchRun, Vec<f64>>,
+    /// Per configuration, one CPU time per transaction per round (µs): everything in the
+    /// bench's cgroup (PostgreSQL, pgbench, pgio or the floor, and the kernel's work in their
+    /// context, eBPF programs included). A shared VM's stolen time makes tps wander by ±20 %
+    /// between rounds; CPU time per transaction does not count it.
+    cpu_us: BTreeMap<PgbenchRun, Vec<f64>>,
+    /// Each pgio program's (run seconds, runs) in one more default run, with bpf_stats on,
+    /// and its wall seconds: where the CPU that pgio takes from pgbench goes.
     with_programs: BTreeMap<String, (f64, f64)>,
     with_secs: f64,
-    /// pgio with its query probe (a uprobe hit per backend state change).
-    with_queries: Vec<f64>,
 }
 
 fn pgbench_tps(pg: &PgCluster, secs: u32) -> Result<f64> {
+    Ok(pgbench_run(pg, secs)?.0)
+}
+
+/// `pgbench -S` for `secs`: (tps, transactions).
+fn pgbench_run(pg: &PgCluster, secs: u32) -> Result<(f64, f64)> {
     let out = pg.pgbench_ok(&["-S", "-n", "-c", "2", "-j", "2", "-T", &secs.to_string()])?;
-    out.lines()
+    let tps = out
+        .lines()
         .find_map(|l| l.strip_prefix("tps = "))
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .context("no tps line in pgbench output")
+        .context("no tps line in pgbench output")?;
+    let transactions = out
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split('/').next()?.trim().parse().ok())
+        .context("no transaction count in pgbench output")?;
+    Ok((tps, transactions))
+}
+
+/// A cgroup v2 holding this process and all it starts from now on, for their CPU time
+/// (`cpu.stat` `usage_usec`, kept in every v2 cgroup, also on a hybrid host). Dropped, the
+/// process moves back and the cgroup goes.
+struct BenchCgroup {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+impl BenchCgroup {
+    fn enter() -> Result<BenchCgroup> {
+        let root = pgio_testkit::kubepods::cgroup2_root()?;
+        let dir = root.join(format!("pgio-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+            .with_context(|| format!("joining {}", dir.display()))?;
+        Ok(BenchCgroup { dir, root })
+    }
+
+    fn usage_us(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(self.dir.join("cpu.stat"))?;
+        stat.lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no usage_usec in cpu.stat")
+    }
+}
+
+impl Drop for BenchCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(
+            self.root.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+        if let Err(e) = std::fs::remove_dir(&self.dir) {
+            eprintln!("bench: cannot remove {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// What runs beside pgbench in one configuration: nothing, the floor, or pgio.
+enum Beside {
+    Nothing,
+    Floor(Tracing),
+    Pgio(Daemon),
+}
+
+impl Beside {
+    fn start(bins: &Bins, run: PgbenchRun) -> Result<Beside> {
+        Ok(match run {
+            PgbenchRun::Without => Beside::Nothing,
+            PgbenchRun::Floor => {
+                let mut c = Command::new(&bins.daemon);
+                c.args(["floor", "--hooks", "pgio"]);
+                Beside::Floor(spawn_until(c, "ready")?)
+            }
+            PgbenchRun::NoQueries | PgbenchRun::Default => {
+                let config = if run == PgbenchRun::NoQueries {
+                    "queries = false\n"
+                } else {
+                    ""
+                };
+                let d = Daemon::start(&bins.daemon, config)?;
+                d.wait_tracked("postgres", "postmaster")?;
+                Beside::Pgio(d)
+            }
+        })
+    }
+
+    fn stop(self) -> Result<()> {
+        match self {
+            Beside::Nothing => {}
+            Beside::Floor(mut f) => {
+                f.stop();
+            }
+            Beside::Pgio(d) => d.stop()?,
+        }
+        Ok(())
+    }
 }
 
 fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
+    // Before PostgreSQL starts, so that its processes are in it too.
+    let cgroup = BenchCgroup::enter()?;
     let dir = temp_dir()?;
     let lo = LoopDevice::create(dir.path(), 1 << 30, true)?;
     let fs = Ext4Mount::new(&lo, &dir.path().join("mnt"))?;
@@ -755,45 +890,33 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     pg.pgbench_ok(&["-i", "-q", "-s", "10"])?;
     pgbench_tps(&pg, 3)?; // warm the cache: the data set fits in shared_buffers + page cache
     let mut tps = Tps {
-        without: Vec::new(),
-        with: Vec::new(),
+        runs: BTreeMap::new(),
+        cpu_us: BTreeMap::new(),
         with_programs: BTreeMap::new(),
         with_secs: 0.0,
-        with_queries: Vec::new(),
     };
-    // One round: without pgio, with pgio, with pgio and its query probe; the order rotates.
+    let n = PgbenchRun::ALL.len();
     for round in 0..o.pairs {
-        for k in 0..3 {
-            let variant = (round + k) % 3;
-            let daemon = match variant {
-                0 => None,
-                _ => {
-                    let config = format!("query_probes = {}\n", variant == 2);
-                    let d = Daemon::start(&bins.daemon, &config)?;
-                    d.wait_tracked("postgres", "postmaster")?;
-                    Some(d)
-                }
-            };
-            let t = pgbench_tps(&pg, o.pgbench_secs)?;
-            let (name, runs) = match variant {
-                0 => ("without pgio", &mut tps.without),
-                1 => ("with pgio", &mut tps.with),
-                _ => ("with pgio and query probes", &mut tps.with_queries),
-            };
+        for k in 0..n {
+            let run = PgbenchRun::ALL[(round + k) % n];
+            let beside = Beside::start(bins, run)?;
+            let cpu0 = cgroup.usage_us()?;
+            let (t, transactions) = pgbench_run(&pg, o.pgbench_secs)?;
+            let cpu = (cgroup.usage_us()? - cpu0) / transactions.max(1.0);
+            beside.stop()?;
             step(format!(
-                "pgbench round {}/{}: {name}: {t:.0} tps",
+                "pgbench round {}/{}: {}: {t:.0} tps, {cpu:.2} µs of CPU per transaction",
                 round + 1,
-                o.pairs
+                o.pairs,
+                run.name()
             ));
-            runs.push(t);
-            if let Some(d) = daemon {
-                d.stop()?;
-            }
+            tps.runs.entry(run).or_default().push(t);
+            tps.cpu_us.entry(run).or_default().push(cpu);
         }
     }
-    // Apart from the pairs: bpf_stats costs two clock reads per program run.
+    // Apart from the rounds: bpf_stats costs two clock reads per program run.
     let stats = BpfStats::enable()?;
-    let d = Daemon::start(&bins.daemon, "query_probes = false\n")?;
+    let d = Daemon::start(&bins.daemon, "")?;
     d.wait_tracked("postgres", "postmaster")?;
     let before = d.scrape()?;
     let started = Instant::now();
@@ -813,7 +936,37 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
         tps.with_programs.insert(p.clone(), (secs, runs));
     }
     pg.stop()?;
+    drop(cgroup);
     Ok(tps)
+}
+
+/// Median of the per-round ratios `a[i] / b[i]` and its 95 % interval: a percentile
+/// bootstrap over rounds (10,000 resamples, a fixed seed so a report can be rerun).
+fn ratio_with_interval(a: &[f64], b: &[f64]) -> (f64, f64, f64) {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    let point = median(&mut ratios.clone());
+    if ratios.len() < 2 {
+        return (point, point, point);
+    }
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        // xorshift64*: enough to pick rounds evenly.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let mut medians: Vec<f64> = (0..10_000)
+        .map(|_| {
+            let mut sample: Vec<f64> = (0..ratios.len())
+                .map(|_| ratios[(next() % ratios.len() as u64) as usize])
+                .collect();
+            median(&mut sample)
+        })
+        .collect();
+    medians.sort_by(|x, y| x.total_cmp(y));
+    let at = |q: f64| medians[((medians.len() - 1) as f64 * q).round() as usize];
+    (point, at(0.025), at(0.975))
 }
 
 /// `cargo bench` of pgio-daemon's criterion benches; mean ns of each from criterion's JSON.
@@ -873,6 +1026,12 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         load: release.join("pgio-load"),
     };
 
+    if o.pgbench_only {
+        let mut r = String::new();
+        pgbench_report(&mut r, o, &pgbench_pairs(&bins, o)?);
+        println!("{r}");
+        return Ok(());
+    }
     if o.block_only {
         let mut r = String::new();
         block::report(&mut r, &block::block_cost(&bins.daemon, o.block_secs)?);
@@ -921,6 +1080,81 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         fmt_duration(started.elapsed())
     ));
     Ok(())
+}
+
+/// Section 2's table: each configuration's tps and its per-round ratio to without pgio.
+fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps) {
+    let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
+    let _ = writeln!(
+        r,
+        "PostgreSQL 15, scale 10 on ext4 on a direct-IO loop device, warm cache (the worst case \
+         for relative overhead: every transaction is CPU and syscalls), `pgbench -S -c 2 -j 2 -T \
+         {}`, {} interleaved rounds of {} runs (the order rotates each round); pgio tracks every \
+         Postgres process.\n",
+        o.pgbench_secs,
+        o.pairs,
+        PgbenchRun::ALL.len()
+    );
+    let _ = writeln!(
+        r,
+        "Two measures per run: tps, and the CPU time per transaction of everything in the \
+         bench's cgroup (PostgreSQL, pgbench, pgio or the floor; eBPF programs run in the \
+         context of the process they trace, so their time is in it). On this shared VM tps \
+         wanders by ±20 % between rounds with stolen time; CPU time per transaction does not \
+         count stolen time. Its ratio is without / with: the throughput left at equal CPU, \
+         comparable to the tps ratio. Each ratio is the median of the per-round ratios, with \
+         its 95 % interval (percentile bootstrap over rounds).\n"
+    );
+    let _ = writeln!(
+        r,
+        "| | median µs of CPU per transaction | CPU ratio (without / with) | 95 % interval | \
+         median tps | tps ratio (with / without) | 95 % interval |\n\
+         |---|---:|---:|---:|---:|---:|---:|"
+    );
+    let runs = |run| tps.runs.get(&run).cloned().unwrap_or_default();
+    let cpu = |run| tps.cpu_us.get(&run).cloned().unwrap_or_default();
+    let (without, cpu_without) = (runs(PgbenchRun::Without), cpu(PgbenchRun::Without));
+    for run in PgbenchRun::ALL {
+        let (v, c) = (runs(run), cpu(run));
+        let (m, mc) = (median(&mut v.clone()), median(&mut c.clone()));
+        if run == PgbenchRun::Without {
+            let _ = writeln!(r, "| {} | {mc:.2} | | | {m:.0} | | |", run.name());
+            continue;
+        }
+        let (cr, clo, chi) = ratio_with_interval(&cpu_without, &c);
+        let (tr, tlo, thi) = ratio_with_interval(&v, &without);
+        let _ = writeln!(
+            r,
+            "| {} | {mc:.2} | **{cr:.3}** | {clo:.3} – {chi:.3} | {m:.0} | {tr:.3} | {tlo:.3} – \
+             {thi:.3} |",
+            run.name(),
+        );
+    }
+    let (queries, qlo, qhi) =
+        ratio_with_interval(&cpu(PgbenchRun::NoQueries), &cpu(PgbenchRun::Default));
+    let (own, lo, hi) = ratio_with_interval(&cpu(PgbenchRun::Floor), &cpu(PgbenchRun::Default));
+    let _ = writeln!(
+        r,
+        "\nTarget: the default config ≥ 0.98 of without pgio. By CPU time per transaction, the \
+         query metrics alone (`queries = false` / default, per round): {queries:.3} ({qlo:.3} \
+         – {qhi:.3}); pgio's programs beyond their hooks' floor (floor / default): {own:.3} \
+         ({lo:.3} – {hi:.3}).\n\nRuns (tps; µs of CPU per transaction), in round order:\n"
+    );
+    let fmt = |v: &[f64], digits: usize| {
+        v.iter()
+            .map(|x| format!("{x:.digits$}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for run in PgbenchRun::ALL {
+        let _ = writeln!(
+            r,
+            "- {}: {}; {}",
+            run.name(),
+            fmt(&runs(run), 0),
+            fmt(&cpu(run), 2)
+        );
+    }
 }
 
 fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
@@ -1099,56 +1333,7 @@ fn report(
     per_call_report(&mut r, o, pc);
     programs_report(&mut r, o, programs);
     block::report(&mut r, block);
-    let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
-    let (mut w, mut wo) = (tps.with.clone(), tps.without.clone());
-    let (mw, mwo) = (median(&mut w), median(&mut wo));
-    let _ = writeln!(
-        r,
-        "PostgreSQL 15, scale 10 on ext4 on a direct-IO loop device, warm cache (the worst case \
-         for relative overhead: every transaction is CPU and syscalls), `pgbench -S -c 2 -j 2 -T \
-         {}`, {} interleaved rounds of three runs; pgio tracks every Postgres process.\n",
-        o.pgbench_secs, o.pairs
-    );
-    let _ = writeln!(r, "| | median tps | runs |\n|---|---:|---|");
-    let fmt_runs = |v: &[f64]| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let _ = writeln!(
-        r,
-        "| without pgio | {mwo:.0} | {} |",
-        fmt_runs(&tps.without)
-    );
-    let _ = writeln!(
-        r,
-        "| with pgio, `query_probes = false` | {mw:.0} | {} |",
-        fmt_runs(&tps.with)
-    );
-    let mut wq = tps.with_queries.clone();
-    let mwq = median(&mut wq);
-    let _ = writeln!(
-        r,
-        "| with pgio and its query probe | {mwq:.0} | {} |",
-        fmt_runs(&tps.with_queries)
-    );
-    let paired = |a: &[f64], b: &[f64]| {
-        let mut v: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        median(&mut v)
-    };
-    let _ = writeln!(
-        r,
-        "\nRatio of medians with/without pgio: **{:.3}** (target ≥ 0.98), median of the \
-         per-round ratios {:.3}; with the query probe: **{:.3}**, per round {:.3}; the query \
-         probe alone (with/without it, pgio running): {:.3}.",
-        mw / mwo,
-        paired(&tps.with, &tps.without),
-        mwq / mwo,
-        paired(&tps.with_queries, &tps.without),
-        mwq / mw
-    );
-
+    pgbench_report(&mut r, o, tps);
     let _ = writeln!(
         r,
         "\nWhere pgio's programs spend CPU under pgbench: one more `with pgio` run of {:.0} s \

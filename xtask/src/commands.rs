@@ -153,7 +153,14 @@ pub fn check(root: &Path, skip_setup: bool) -> Result<()> {
 }
 
 /// The guest tests `cargo xtask test` runs on Debian's 6.1 (~3 min under TCG on 2 cores).
-const CI_GUEST_TESTS: &[&str] = &["block_io", "big_node", "syscall", "futex", "postgres"];
+const CI_GUEST_TESTS: &[&str] = &[
+    "block_io",
+    "big_node",
+    "syscall",
+    "futex",
+    "postgres",
+    "query_protocols:pg15_",
+];
 
 pub fn test(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
     let started = Instant::now();

@@ -88,6 +88,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "syscall",
     "futex",
     "postgres",
+    "query_protocols:pg15_+pg18_",
     "pg_scan:pg15_+pg17_",
     "pg_churn",
     "longhorn_stack",
@@ -346,7 +347,13 @@ fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
 /// Major versions beyond Debian's 15 the selected tests start: `pg_scan:pg17_` needs 17 only,
 /// an unfiltered PostgreSQL test every version the testkit has.
 fn pg_majors(tests: &[TestSpec]) -> Vec<u32> {
-    const MULTI: &[&str] = &["pg_scan", "pg_titles", "pg_clusters", "query"];
+    const MULTI: &[&str] = &[
+        "pg_scan",
+        "pg_titles",
+        "pg_clusters",
+        "query",
+        "query_protocols",
+    ];
     let mut out = Vec::new();
     for t in tests.iter().filter(|t| MULTI.contains(&t.name.as_str())) {
         for major in pgio_testkit::pgdist::PG_MAJORS

@@ -77,6 +77,10 @@ enum Cmd {
         /// bpf_stats); BENCHMARKS.md untouched.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only"])]
         block_only: bool,
+        /// Only section 2's table (pgbench -S under each configuration, per-round ratios
+        /// with bootstrap intervals); BENCHMARKS.md untouched.
+        #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only"])]
+        pgbench_only: bool,
     },
     /// Setup, build pgio-daemon (release) and, as root, soak it: PostgreSQL under `pgbench -C`
     /// churn plus every hostile input at once; RSS, fds, series and dropped events sampled
@@ -208,6 +212,7 @@ fn real_main() -> Result<()> {
             per_call_only,
             programs_only,
             block_only,
+            pgbench_only,
         } => {
             if !setup.skip_setup {
                 commands::setup()?;
@@ -220,7 +225,7 @@ fn real_main() -> Result<()> {
             let o = if quick {
                 bench::BenchOptions::quick()
             } else {
-                bench::BenchOptions::full(per_call_only, programs_only, block_only)
+                bench::BenchOptions::full(per_call_only, programs_only, block_only, pgbench_only)
             };
             bench::bench(&root, &o)
         }
