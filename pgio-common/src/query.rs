@@ -71,15 +71,53 @@ crate::abi_enum! {
 /// `query`'s histogram map in the key quota (`KEY_ALLOWANCE`).
 pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(2);
 
-/// Key of `QUERY_HIST`.
+/// Key of `QUERY_HIST`: one row per series and wire.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QueryKey {
     pub series: SeriesId,
-    pub metric: u8,
-    pub slot: u8,
-    pub wire: u8,
-    pub _pad: u8,
+    /// `Wire`.
+    pub wire: u32,
+}
+
+/// The timed metrics of a [`QueryRow`], in the order of its arrays.
+pub const ROW_METRICS: [QueryMetric; 3] = [
+    QueryMetric::Duration,
+    QueryMetric::Io,
+    QueryMetric::ReadMiss,
+];
+
+/// Value of `QUERY_HIST`: every query histogram of one key, so that a query costs one map
+/// lookup (one per metric cost ~150 ns more), and every CPU adds to it atomically.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryRow {
+    /// Per metric of [`ROW_METRICS`]: queries in each log2 slot (`hist::slot`).
+    pub slots: [[u64; crate::hist::SLOTS]; 3],
+    /// Per metric of [`ROW_METRICS`]: sum of the times (ns).
+    pub sum_ns: [u64; 3],
+    /// Reads of the queries that missed the page cache.
+    pub misses: u64,
+    /// [`QueryMetric::MultiSend`] cycles.
+    pub multi_send: u64,
+    /// [`QueryMetric::EncryptedConnections`].
+    pub encrypted_connections: u64,
+}
+
+impl QueryRow {
+    pub const ZERO: QueryRow = QueryRow {
+        slots: [[0; crate::hist::SLOTS]; 3],
+        sum_ns: [0; 3],
+        misses: 0,
+        multi_send: 0,
+        encrypted_connections: 0,
+    };
+}
+
+impl Default for QueryRow {
+    fn default() -> Self {
+        QueryRow::ZERO
+    }
 }
 
 /// A client backend thread's connection and running query (`QUERY`, by thread id).
@@ -157,8 +195,9 @@ pub const fn is_connection_start(b: &[u8; 8]) -> bool {
 pub const SERVES_CLIENTS_WORDS: u32 = crate::CHILD_SERIES_MAX / 64;
 
 crate::abi_size!(QueryKey, 8, 4);
+crate::abi_size!(QueryRow, 1584, 8);
 crate::abi_size!(QueryState, 80, 8);
-crate::abi_pod!(QueryKey, QueryState);
+crate::abi_pod!(QueryKey, QueryRow, QueryState);
 
 #[cfg(test)]
 mod tests {

@@ -6,8 +6,7 @@ use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
-    hist::Bucket,
-    query::{QUOTA, QueryKey, QueryMetric, Wire},
+    query::{QUOTA, QueryKey, QueryMetric, QueryRow, ROW_METRICS, Wire},
 };
 
 use crate::{
@@ -16,7 +15,7 @@ use crate::{
     config::Config,
     exposition::{Encoder, Kind, MetricFamily},
     family::{Attach, Family, Probe, Setup, Taken},
-    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, Hists, add_slot},
+    hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, HistValue, Hists},
     labels::WithLabels,
 };
 
@@ -104,9 +103,29 @@ impl Family for QueryFamily {
     }
 }
 
-/// A quarter of the other histogram maps: a few keys per series.
+/// Rows of `QUERY_HIST`: one per (series, wire), each holding that key's every histogram
+/// (1.5 KiB): a sixty-fourth of `hist_map_max_entries` (1,024 by default, 1.6 MiB), at least
+/// 1,024.
 fn entries(config: &Config) -> u32 {
-    (config.hist_map_entries() / 4).max(1024)
+    (config.hist_map_entries() / 64).max(1024)
+}
+
+impl HistValue for QueryRow {
+    fn merge(&mut self, o: &QueryRow) {
+        for (a, b) in self.slots.iter_mut().zip(&o.slots) {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = x.wrapping_add(*y);
+            }
+        }
+        for (x, y) in self.sum_ns.iter_mut().zip(&o.sum_ns) {
+            *x = x.wrapping_add(*y);
+        }
+        self.misses = self.misses.wrapping_add(o.misses);
+        self.multi_send = self.multi_send.wrapping_add(o.multi_send);
+        self.encrypted_connections = self
+            .encrypted_connections
+            .wrapping_add(o.encrypted_connections);
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -118,21 +137,49 @@ pub struct QueryId {
 
 impl HistKey for QueryKey {
     type Id = QueryId;
-    type Value = Bucket;
+    type Value = QueryRow;
 
     fn series(&self) -> SeriesId {
         self.series
     }
 
-    fn add_to(&self, series: SeriesId, value: &Bucket, hists: &mut Hists<QueryId>) -> bool {
-        let id = || {
-            Some(QueryId {
-                series,
-                metric: QueryMetric::try_from(self.metric).ok()?,
-                wire: Wire::try_from(self.wire).ok()?,
-            })
+    /// A histogram for each metric the row has counts of: its duration histogram carries the
+    /// misses; the encrypted connections' counters are counts (slot 0).
+    fn add_to(&self, series: SeriesId, row: &QueryRow, hists: &mut Hists<QueryId>) -> bool {
+        let Ok(wire) = u8::try_from(self.wire)
+            .map_err(|_| ())
+            .and_then(|w| Wire::try_from(w).map_err(|_| ()))
+        else {
+            return false;
         };
-        add_slot(id(), self.slot, value, hists)
+        let id = |metric| QueryId {
+            series,
+            metric,
+            wire,
+        };
+        for (m, metric) in ROW_METRICS.into_iter().enumerate() {
+            if row.slots[m].iter().all(|&n| n == 0) {
+                continue;
+            }
+            let h = hists.entry(id(metric)).or_default();
+            for (a, n) in h.slots.iter_mut().zip(&row.slots[m]) {
+                *a = a.wrapping_add(*n);
+            }
+            h.sum_ns = h.sum_ns.wrapping_add(row.sum_ns[m]);
+            if metric == QueryMetric::Duration {
+                h.bytes = h.bytes.wrapping_add(row.misses);
+            }
+        }
+        for (metric, n) in [
+            (QueryMetric::MultiSend, row.multi_send),
+            (QueryMetric::EncryptedConnections, row.encrypted_connections),
+        ] {
+            if n != 0 {
+                let h = hists.entry(id(metric)).or_default();
+                h.slots[0] = h.slots[0].wrapping_add(n);
+            }
+        }
+        true
     }
 }
 

@@ -46,6 +46,8 @@ fn deploy_config_is_accepted_and_holds_the_defaults() {
         shipped.block_inflight_timeout_secs,
         d.block_inflight_timeout_secs
     );
+    assert_eq!(shipped.queries, d.queries);
+    assert!(shipped.queries, "query metrics on where pgio is installed");
     assert_eq!(shipped.query_probes, d.query_probes);
     assert_eq!(shipped.series_limits(), d.series_limits());
     assert_eq!(shipped.max_postgres_binaries, d.max_postgres_binaries);

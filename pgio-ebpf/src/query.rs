@@ -1,7 +1,7 @@
 //! Query time and the IO time inside it, per client backend thread, from its client-socket
 //! syscalls (`pgio_common::query` has the rules): `recvfrom` and `sendto` move the backend's
-//! `Phase`; the syscall exits add their time to the running query (`add_io`). Nothing per
-//! query leaves the kernel but a few histogram increments.
+//! `Phase`; the syscall exits add their time to the running query (`add_io`). A query ends
+//! as one row update of `QUERY_HIST`.
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
@@ -13,14 +13,14 @@ use aya_ebpf::{
 use pgio_common::{
     SeriesId,
     drops::DropReason,
-    hist::{Bucket, slot},
+    hist::{SLOTS, slot},
     query::{
-        Pending, Phase, QUOTA, QueryKey, QueryMetric, QueryState, Wire, is_connection_start,
+        Pending, Phase, QUOTA, QueryKey, QueryRow, QueryState, Wire, is_connection_start,
         is_encrypted, is_ready_for_query,
     },
 };
 
-use crate::{drops, hist, tracked};
+use crate::{atomic::atomic_add, drops, key_quota, tracked};
 
 /// `queries` from the config, written by userspace at load. The verifier sees the constant:
 /// with it off, `add_io` is pruned from every syscall exit.
@@ -38,7 +38,10 @@ static QUERY: LruHashMap<u32, QueryState> = LruHashMap::with_max_entries(QUERY_M
 const QUERY_MAX: u32 = 16_384;
 
 #[map]
-static QUERY_HIST: HashMap<QueryKey, Bucket> = HashMap::with_max_entries(16_384, 0);
+static QUERY_HIST: HashMap<QueryKey, QueryRow> = HashMap::with_max_entries(1_024, 0);
+
+/// Inserted as a new row's value (a map insert copies it).
+static ZERO_ROW: QueryRow = QueryRow::ZERO;
 
 const EAGAIN: i64 = 11;
 
@@ -55,16 +58,40 @@ fn field(ctx: &TracePointContext, offset: usize) -> u64 {
     unsafe { *(ctx.as_ptr().add(offset) as *const u64) }
 }
 
+/// The row of `(series, wire)`, made on first use if its owner may have one more.
 #[inline(always)]
-fn book(series: SeriesId, metric: QueryMetric, wire: u8, ns: u64, misses: u64) {
+fn row(series: SeriesId, wire: u8) -> Option<*mut QueryRow> {
     let key = QueryKey {
         series,
-        metric: metric as u8,
-        slot: slot(ns),
-        wire,
-        _pad: 0,
+        wire: wire as u32,
     };
-    hist::add(&QUERY_HIST, QUOTA, series, &key, ns, misses);
+    if let Some(r) = QUERY_HIST.get_ptr_mut(&key) {
+        return Some(r);
+    }
+    if !key_quota::take(QUOTA, series) {
+        drops::count(DropReason::HistOverShare);
+        return None;
+    }
+    // Failing because another CPU made it first is fine: the lookup finds it.
+    let _ = QUERY_HIST.insert(&key, &ZERO_ROW, BPF_NOEXIST as u64);
+    let r = QUERY_HIST.get_ptr_mut(&key);
+    if r.is_none() {
+        drops::count(DropReason::HistFull);
+    }
+    r
+}
+
+/// One time into metric `m` of a row (`ROW_METRICS` order: duration, io, read miss).
+///
+/// SAFETY: `r` points to a `QUERY_HIST` value.
+#[inline(always)]
+unsafe fn observe(r: *mut QueryRow, m: usize, ns: u64) {
+    // The mask proves the index to the verifier; `slot` never exceeds SLOTS - 1.
+    let s = slot(ns) as usize & (SLOTS - 1);
+    unsafe {
+        atomic_add(&raw mut (*r).slots[m][s], 1);
+        atomic_add(&raw mut (*r).sum_ns[m], ns);
+    }
 }
 
 /// The query that ran from `s.start_ns` to `end`.
@@ -73,14 +100,23 @@ fn book_query(tgid: u32, s: &QueryState, end: u64) {
     let Some(series) = tracked::series_of(tgid) else {
         return;
     };
+    let Some(r) = row(series, s.wire) else {
+        return;
+    };
     let d = end.wrapping_sub(s.start_ns);
-    book(series, QueryMetric::Duration, s.wire, d, s.misses);
-    // IO time is within the query's; the min guards IO done after an encrypted cycle's
-    // last send, which counts in it.
-    book(series, QueryMetric::Io, s.wire, s.io_ns.min(d), 0);
-    book(series, QueryMetric::ReadMiss, s.wire, s.miss_ns.min(d), 0);
-    if s.sends > 1 {
-        book(series, QueryMetric::MultiSend, s.wire, 0, 0);
+    // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
+    unsafe {
+        observe(r, 0, d);
+        // IO time is within the query's; the min guards IO done after an encrypted cycle's
+        // last send, which counts in it.
+        observe(r, 1, s.io_ns.min(d));
+        observe(r, 2, s.miss_ns.min(d));
+        if s.misses != 0 {
+            atomic_add(&raw mut (*r).misses, s.misses);
+        }
+        if s.sends > 1 {
+            atomic_add(&raw mut (*r).multi_send, 1);
+        }
     }
 }
 
@@ -250,14 +286,10 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
             (*s).wire = Wire::Encrypted as u8;
             if phase == Phase::Startup as u8
                 && let Some(series) = tracked::series_of(tgid)
+                && let Some(r) = row(series, Wire::Encrypted as u8)
             {
-                book(
-                    series,
-                    QueryMetric::EncryptedConnections,
-                    Wire::Encrypted as u8,
-                    0,
-                    0,
-                );
+                // A map value; other CPUs add to it too.
+                atomic_add(&raw mut (*r).encrypted_connections, 1);
             }
         }
         if (*s).wire == Wire::Encrypted as u8 {

@@ -775,6 +775,12 @@ struct Tps {
     /// and its wall seconds: where the CPU that pgio takes from pgbench goes.
     with_programs: BTreeMap<String, (f64, f64)>,
     with_secs: f64,
+    /// That run's transactions and the daemon's own CPU seconds in it.
+    with_transactions: f64,
+    with_daemon_cpu_s: f64,
+    /// The floor under bpf_stats over the same load: (run seconds, runs) of its programs.
+    floor_programs: (f64, f64),
+    floor_transactions: f64,
 }
 
 fn pgbench_tps(pg: &PgCluster, secs: u32) -> Result<f64> {
@@ -894,6 +900,10 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
         cpu_us: BTreeMap::new(),
         with_programs: BTreeMap::new(),
         with_secs: 0.0,
+        with_transactions: 0.0,
+        with_daemon_cpu_s: 0.0,
+        floor_programs: (0.0, 0.0),
+        floor_transactions: 0.0,
     };
     let n = PgbenchRun::ALL.len();
     for round in 0..o.pairs {
@@ -919,11 +929,33 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let d = Daemon::start(&bins.daemon, "")?;
     d.wait_tracked("postgres", "postmaster")?;
     let before = d.scrape()?;
+    let (cpu0, _) = cpu_and_rss(d.pid())?;
     let started = Instant::now();
-    pgbench_tps(&pg, o.pgbench_secs)?;
+    tps.with_transactions = pgbench_run(&pg, o.pgbench_secs)?.1;
     tps.with_secs = started.elapsed().as_secs_f64();
+    tps.with_daemon_cpu_s = cpu_and_rss(d.pid())?.0 - cpu0;
     let after = d.scrape()?;
     d.stop()?;
+    // The floor's programs over the same load: how many hook hits a transaction makes, and
+    // what bpf_stats' own clock reads add to each run.
+    let mut c = Command::new(&bins.daemon);
+    c.args(["floor", "--hooks", "pgio"]);
+    let mut floor = spawn_until(c, "ready")?;
+    tps.floor_transactions = pgbench_run(&pg, o.pgbench_secs)?.1;
+    for l in floor.stop() {
+        let mut f = l.split(' ');
+        if f.next() != Some("stats") || f.next().is_none() {
+            continue;
+        }
+        let (Some(Ok(ns)), Some(Ok(runs))) = (
+            f.next().map(str::parse::<f64>),
+            f.next().map(str::parse::<f64>),
+        ) else {
+            continue;
+        };
+        tps.floor_programs.0 += ns / 1e9;
+        tps.floor_programs.1 += runs;
+    }
     drop(stats);
     for s in after.samples("pgio_bpf_program_runs_total") {
         let Some(p) = s.labels.get("program") else {
@@ -1028,7 +1060,22 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
 
     if o.pgbench_only {
         let mut r = String::new();
-        pgbench_report(&mut r, o, &pgbench_pairs(&bins, o)?);
+        let pgbench = pgbench_pairs(&bins, o)?;
+        // The dispatch cost per hook hit: a short per-call run of the floor.
+        let pc = per_call(
+            &bins,
+            &BenchOptions {
+                rounds: 5,
+                calls: 300_000,
+                ..BenchOptions::quick()
+            },
+        )?;
+        pgbench_report(
+            &mut r,
+            o,
+            &pgbench,
+            pc.added(Tracer::Floor).map(|ns| ns / 2.0),
+        );
         println!("{r}");
         return Ok(());
     }
@@ -1082,8 +1129,10 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
-/// Section 2's table: each configuration's tps and its per-round ratio to without pgio.
-fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps) {
+/// Section 2's table: each configuration's tps and its per-round ratio to without pgio; then
+/// pgio's cost per transaction as the kernel and /proc account it. `dispatch_ns`: what a hook
+/// hit costs before its program runs (section 1's floor, per tracepoint hit).
+fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps, dispatch_ns: Option<f64>) {
     let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
     let _ = writeln!(
         r,
@@ -1155,6 +1204,75 @@ fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps) {
             fmt(&cpu(run), 2)
         );
     }
+    let _ = writeln!(
+        r,
+        "\nWhere pgio's programs spend CPU under pgbench: one more default run of {:.0} s \
+         after the rounds, with kernel bpf_stats on (which the pairs are not, as it adds two \
+         clock reads to every program run: an empty program measures {:.1} ns per run, so most \
+         of a short program's figure is bpf_stats' own); the programs that ran most:\n\n| \
+         program | runs a second | ns per run | CPU (% of one core) |\n|---|---:|---:|---:|",
+        tps.with_secs,
+        tps.floor_programs.0 * 1e9 / tps.floor_programs.1.max(1.0)
+    );
+    let mut progs: Vec<_> = tps.with_programs.iter().collect();
+    progs.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let secs = tps.with_secs.max(1e-9);
+    for (p, (run_secs, runs)) in progs.iter().take(8) {
+        let _ = writeln!(
+            r,
+            "| `{p}` | {:.0} | {:.1} | {:.2} % |",
+            runs / secs,
+            run_secs * 1e9 / runs.max(1.0),
+            run_secs / secs * 100.0
+        );
+    }
+    let total: f64 = progs.iter().map(|(_, (s, _))| s).sum();
+    let _ = writeln!(
+        r,
+        "| all of pgio's programs | | | {:.2} % |",
+        total / secs * 100.0
+    );
+    accounted_report(r, tps, &cpu_without, dispatch_ns);
+}
+
+/// pgio's cost per transaction from what the kernel and /proc account, against the CPU time
+/// of a transaction without pgio: steadier than any difference of two noisy runs.
+fn accounted_report(r: &mut String, tps: &Tps, cpu_without: &[f64], dispatch_ns: Option<f64>) {
+    let tx = tps.with_transactions.max(1.0);
+    let (prog_s, runs) = tps
+        .with_programs
+        .values()
+        .fold((0.0, 0.0), |(s, n), (ps, pn)| (s + ps, n + pn));
+    // bpf_stats' own two clock reads per run, as an empty program measures them.
+    let empty_ns = tps.floor_programs.0 * 1e9 / tps.floor_programs.1.max(1.0);
+    let programs_ns = (prog_s * 1e9 - runs * empty_ns).max(0.0) / tx;
+    let hits = runs / tx;
+    let floor_hits = tps.floor_programs.1 / tps.floor_transactions.max(1.0);
+    let daemon_ns = tps.with_daemon_cpu_s * 1e9 / tx;
+    let dispatch = dispatch_ns.map(|d| d * hits);
+    let total = programs_ns + daemon_ns + dispatch.unwrap_or(0.0);
+    let ratio = |base_us: f64| base_us * 1e3 / (base_us * 1e3 + total);
+    let base = median(&mut cpu_without.to_vec());
+    let mut ratios: Vec<f64> = cpu_without.iter().map(|b| ratio(*b)).collect();
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    let (lo, hi) = (
+        ratios.first().copied().unwrap_or(f64::NAN),
+        ratios.last().copied().unwrap_or(f64::NAN),
+    );
+    let _ = writeln!(
+        r,
+        "\nAccounted (one more default run with kernel bpf_stats on, and one of the floor): per \
+         transaction, pgio's programs ran {hits:.1} times (the floor's hooks fired {floor_hits:.1} \
+         times) for **{programs_ns:.0} ns** (bpf_stats' own {empty_ns:.1} ns per run taken \
+         out), the hooks' dispatch {} and the daemon used {daemon_ns:.0} ns: **{total:.0} ns** \
+         against {base:.2} µs of CPU per transaction without pgio: **{:.3}** of the throughput \
+         left at equal CPU ({lo:.3} – {hi:.3} over the rounds' CPU per transaction).",
+        match (dispatch_ns, dispatch) {
+            (Some(d), Some(t)) => format!("{d:.1} ns per hit (section 1's floor), {t:.0} ns"),
+            _ => "(not measured in this run)".to_owned(),
+        },
+        ratio(base)
+    );
 }
 
 fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
@@ -1333,34 +1451,7 @@ fn report(
     per_call_report(&mut r, o, pc);
     programs_report(&mut r, o, programs);
     block::report(&mut r, block);
-    pgbench_report(&mut r, o, tps);
-    let _ = writeln!(
-        r,
-        "\nWhere pgio's programs spend CPU under pgbench: one more `with pgio` run of {:.0} s \
-         after the pairs, with kernel bpf_stats on (which the pairs are not, as it adds two \
-         clock reads to every program run: an empty program measures {:.1} ns per run, so most \
-         of a short program's figure is bpf_stats' own); the programs that ran most:\n\n| \
-         program | runs a second | ns per run | CPU (% of one core) |\n|---|---:|---:|---:|",
-        tps.with_secs, programs.floor.0
-    );
-    let mut progs: Vec<_> = tps.with_programs.iter().collect();
-    progs.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
-    let secs = tps.with_secs.max(1e-9);
-    for (p, (run_secs, runs)) in progs.iter().take(8) {
-        let _ = writeln!(
-            r,
-            "| `{p}` | {:.0} | {:.1} | {:.2} % |",
-            runs / secs,
-            run_secs * 1e9 / runs.max(1.0),
-            run_secs / secs * 100.0
-        );
-    }
-    let total: f64 = progs.iter().map(|(_, (s, _))| s).sum();
-    let _ = writeln!(
-        r,
-        "| all of pgio's programs | | | {:.2} % |",
-        total / secs * 100.0
-    );
+    pgbench_report(&mut r, o, tps, pc.added(Tracer::Floor).map(|ns| ns / 2.0));
     let _ = writeln!(r, "\n## 3. Daemon footprint\n");
     let _ = writeln!(r, "| state | CPU (% of one core) | RSS |\n|---|---:|---:|");
     let _ = writeln!(

@@ -28,7 +28,7 @@ static ENTRIES: MetricFamily = MetricFamily {
 };
 static MAX_ENTRIES: MetricFamily = MetricFamily {
     name: "pgio_hist_map_max_entries",
-    help: "Size of each histogram map in keys (config hist_map_max_entries; the query map a quarter of it, the block map a sixteenth: one row of every histogram of a series, device and op per key).",
+    help: "Size of each histogram map in keys (config hist_map_max_entries; the block map a sixteenth of it, one row of every histogram of a series, device and op per key; the query map a sixty-fourth, one row per series and wire).",
     kind: Kind::Gauge,
 };
 static OWNER_ENTRIES: MetricFamily = MetricFamily {
