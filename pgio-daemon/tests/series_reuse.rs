@@ -87,7 +87,8 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
         let got = round_reads(&daemon.scrape(), &fake_cluster, round);
         assert!(
             counted && got == want,
-            "round {round}: {got} reads, made {want}"
+            "round {round}: {got} reads, made {want}; label sets refused {}",
+            daemon.scrape().sum("pgio_series_refused_total", &[])
         );
         flood.end();
         // Retired once the backends' 30 s provisional grace and the 1 s retention are over.
@@ -99,6 +100,18 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
         assert!(
             retired,
             "round {round}'s series were not retired within 60 s"
+        );
+        // Retired is not yet free: a map read deletes their kernel keys, then the ids are
+        // given out again. The next round's label sets need them.
+        let held = |m: &Metrics| m.sum("pgio_series", &[]);
+        let freed = wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+            held(&daemon.scrape()) <= held(&start) + 2.0
+        });
+        assert!(
+            freed,
+            "round {round}'s series ids were not freed: {} held, {} at the start",
+            held(&daemon.scrape()),
+            held(&start)
         );
     }
 
