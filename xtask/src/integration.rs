@@ -1114,7 +1114,7 @@ mod tests {
     #[test]
     fn pg_majors_from_filters() {
         let specs: Vec<TestSpec> = DEFAULT_TESTS.iter().map(|s| s.parse().unwrap()).collect();
-        assert_eq!(pg_majors(&specs), [17]);
+        assert_eq!(pg_majors(&specs), [17, 18]);
         assert_eq!(pg_majors(&["pg_scan".parse().unwrap()]), [16, 17, 18]);
     }
 
