@@ -768,8 +768,8 @@ struct Tps {
     runs: BTreeMap<PgbenchRun, Vec<f64>>,
     /// Per configuration, one CPU time per transaction per round (µs): everything in the
     /// bench's cgroup (PostgreSQL, pgbench, pgio or the floor, and the kernel's work in their
-    /// context, eBPF programs included). A shared VM's stolen time makes tps wander by ±20 %
-    /// between rounds; CPU time per transaction does not count it.
+    /// context, eBPF programs included). With every CPU busy it is CPUs / tps; it says more on
+    /// a node with idle CPUs.
     cpu_us: BTreeMap<PgbenchRun, Vec<f64>>,
     /// Each pgio program's (run seconds, runs) in one more default run, with bpf_stats on,
     /// and its wall seconds: where the CPU that pgio takes from pgbench goes.
@@ -1149,9 +1149,10 @@ fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps, dispatch_ns: Opti
         "Two measures per run: tps, and the CPU time per transaction of everything in the \
          bench's cgroup (PostgreSQL, pgbench, pgio or the floor; eBPF programs run in the \
          context of the process they trace, so their time is in it). On this shared VM tps \
-         wanders by ±20 % between rounds with stolen time; CPU time per transaction does not \
-         count stolen time. Its ratio is without / with: the throughput left at equal CPU, \
-         comparable to the tps ratio. Each ratio is the median of the per-round ratios, with \
+         wanders by ±20 % between rounds, and with both CPUs saturated CPU time per \
+         transaction is 2 / tps and wanders as much (no hardware counters here to count \
+         instructions instead): the accounted figure below is the steady one. The CPU ratio is \
+         without / with: the throughput left at equal CPU. Each ratio is the median of the per-round ratios, with \
          its 95 % interval (percentile bootstrap over rounds).\n"
     );
     let _ = writeln!(
