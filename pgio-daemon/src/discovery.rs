@@ -96,9 +96,9 @@ impl Discovery {
         for id in shared.retire_idle(now, self.series_retention, Classifier::child_labels) {
             // A reused id must not make anyone's children provisional, nor its processes
             // client backends.
-            if self.kernel.set_children(id, SeriesId::UNTRACKED).is_err()
-                || self.kernel.set_serves_clients(id, false).is_err()
-            {
+            let children = self.kernel.set_children(id, SeriesId::UNTRACKED);
+            let clients = self.kernel.set_serves_clients(id, false);
+            if children.is_err() || clients.is_err() {
                 shared.kernel_map_errors += 1;
             }
         }

@@ -107,7 +107,7 @@ impl Discovery {
         let id = shared.intern(labels, KeyOwner::Pid(pid));
         if let Err(e) = self.kernel.set_serves_clients(id, serves_clients) {
             shared.kernel_map_errors += 1;
-            warn!(series = id.0, error = %e, "cannot mark a client backends' series");
+            warn!(series = id.0, error = %e, "cannot mark a client-backend series");
         }
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.
