@@ -1,0 +1,69 @@
+//! The kernel's series maps, which discovery writes together with `Tracked`.
+use anyhow::Result;
+use aya::{
+    Ebpf,
+    maps::{Array, MapData, MapError},
+};
+use pgio_common::SeriesId;
+
+use crate::{
+    maps::take_map,
+    tracked_map::{TrackedError, TrackedMap},
+};
+
+/// The kernel's `TRACKED` (tgid → series) and `CHILD_SERIES` (series → its children start
+/// provisional) maps.
+pub struct KernelSeries {
+    tracked: TrackedMap,
+    child: Array<MapData, SeriesId>,
+    serves_clients: Array<MapData, u64>,
+    /// What `serves_clients` holds: only changed words are written.
+    serves_clients_words: Vec<u64>,
+}
+
+pub const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
+/// Bitmap of the series whose processes serve client connections (`pgio_common::query`).
+pub const SERVES_CLIENTS_MAP: &str = "SERVES_CLIENTS";
+
+impl KernelSeries {
+    pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {
+        Ok(KernelSeries {
+            tracked: TrackedMap::take(ebpf)?,
+            child: take_map(ebpf, CHILD_SERIES_MAP)?,
+            serves_clients: take_map(ebpf, SERVES_CLIENTS_MAP)?,
+            serves_clients_words: vec![0; pgio_common::query::SERVES_CLIENTS_WORDS as usize],
+        })
+    }
+
+    /// Whether `series`' processes are client backends, whose client sockets delimit
+    /// queries. Set before any process is booked under it; an id's labels never change while
+    /// it lives, and a reused id is set again for its new labels.
+    pub fn set_serves_clients(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
+        let (word, bit) = ((series.0 / 64) as usize, 1u64 << (series.0 % 64));
+        let Some(w) = self.serves_clients_words.get_mut(word) else {
+            return Ok(()); // beyond the series cap: never a tracked id
+        };
+        let new = if on { *w | bit } else { *w & !bit };
+        if new != *w {
+            self.serves_clients.set(word as u32, new, 0)?;
+            *w = new;
+        }
+        Ok(())
+    }
+
+    /// Fails for a pid above the map's size (`pid_max` raised after pgio started).
+    pub fn set(&mut self, pid: u32, series: SeriesId) -> Result<(), TrackedError> {
+        self.tracked.set(pid, series)
+    }
+
+    pub fn clear(&mut self, pid: u32) {
+        // Out of range cannot have been set.
+        let _ = self.tracked.set(pid, SeriesId::UNTRACKED);
+    }
+
+    /// Children of `parent` start in their own provisional series (`child` is their labels'
+    /// series, nonzero). Cannot fail for an id below the series cap (checked by the config).
+    pub fn set_children(&mut self, parent: SeriesId, child: SeriesId) -> Result<(), MapError> {
+        self.child.set(parent.0, child, 0)
+    }
+}
