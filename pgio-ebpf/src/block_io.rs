@@ -20,7 +20,7 @@ use pgio_common::{
     hist::{SLOTS, slot},
 };
 
-use crate::{atomic::atomic_add, drops, kernel_offsets::offsets, key_quota, syscall, tracked};
+use crate::{atomic::atomic_add, drops, hist, kernel_offsets::offsets, syscall, tracked};
 
 /// In-flight requests by `struct request *` (bios of bio-based disks by `struct bio *`). A
 /// request's entry outlives it: blk-mq allocates a disk's `struct request`s once and reuses
@@ -93,20 +93,7 @@ fn row(series: SeriesId, dev: u32, op: u8) -> Option<*mut BlockIoRow> {
         _pad: 0,
         _pad2: 0,
     };
-    if let Some(r) = BLOCK_IO_HIST.get_ptr_mut(&key) {
-        return Some(r);
-    }
-    if !key_quota::take(QUOTA, series) {
-        drops::count(DropReason::HistOverShare);
-        return None;
-    }
-    // Failing because another CPU made it first is fine: the lookup finds it.
-    let _ = BLOCK_IO_HIST.insert(&key, &ZERO_ROW, BPF_NOEXIST as u64);
-    let r = BLOCK_IO_HIST.get_ptr_mut(&key);
-    if r.is_none() {
-        drops::count(DropReason::HistFull);
-    }
-    r
+    hist::row(&BLOCK_IO_HIST, &ZERO_ROW, QUOTA, series, &key)
 }
 
 /// A request pgio saw issued and never saw complete (`BlockMetric::Lost`).

@@ -52,3 +52,29 @@ pub fn add<K>(
         None => drops::count(DropReason::HistFull),
     }
 }
+
+/// The row of `key` in a map of histogram rows (a value per key holding every histogram of
+/// it), made from `zero` on first use if its owner may have one more.
+#[inline(always)]
+pub fn row<K, V>(
+    map: &HashMap<K, V>,
+    zero: &V,
+    quota: QuotaMap,
+    series: SeriesId,
+    key: &K,
+) -> Option<*mut V> {
+    if let Some(r) = map.get_ptr_mut(key) {
+        return Some(r);
+    }
+    if !key_quota::take(quota, series) {
+        drops::count(DropReason::HistOverShare);
+        return None;
+    }
+    // Failing because another CPU made it first is fine: the lookup finds it.
+    let _ = map.insert(key, zero, BPF_NOEXIST as u64);
+    let r = map.get_ptr_mut(key);
+    if r.is_none() {
+        drops::count(DropReason::HistFull);
+    }
+    r
+}

@@ -20,7 +20,7 @@ use pgio_common::{
     },
 };
 
-use crate::{atomic::atomic_add, drops, key_quota, tracked};
+use crate::{atomic::atomic_add, drops, hist, tracked};
 
 /// `queries` from the config, written by userspace at load. The verifier sees the constant:
 /// with it off, `add_io` is pruned from every syscall exit.
@@ -65,20 +65,7 @@ fn row(series: SeriesId, wire: u8) -> Option<*mut QueryRow> {
         series,
         wire: wire as u32,
     };
-    if let Some(r) = QUERY_HIST.get_ptr_mut(&key) {
-        return Some(r);
-    }
-    if !key_quota::take(QUOTA, series) {
-        drops::count(DropReason::HistOverShare);
-        return None;
-    }
-    // Failing because another CPU made it first is fine: the lookup finds it.
-    let _ = QUERY_HIST.insert(&key, &ZERO_ROW, BPF_NOEXIST as u64);
-    let r = QUERY_HIST.get_ptr_mut(&key);
-    if r.is_none() {
-        drops::count(DropReason::HistFull);
-    }
-    r
+    hist::row(&QUERY_HIST, &ZERO_ROW, QUOTA, series, &key)
 }
 
 /// One time into metric `m` of a row (`ROW_METRICS` order: duration, io, read miss).
