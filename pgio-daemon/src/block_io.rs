@@ -140,10 +140,7 @@ impl HistKey for BlockIoKey {
                 continue;
             }
             let h = hists.entry(id(metric)).or_default();
-            for (a, n) in h.slots.iter_mut().zip(&row.slots[m]) {
-                *a = a.wrapping_add(*n);
-            }
-            h.sum_ns = h.sum_ns.wrapping_add(row.sum_ns[m]);
+            h.add_row(&row.slots[m], row.sum_ns[m]);
             if metric == BlockMetric::Device {
                 h.bytes = h.bytes.wrapping_add(row.bytes);
             }

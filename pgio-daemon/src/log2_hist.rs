@@ -33,6 +33,14 @@ impl Log2Hist {
         self.bytes = self.bytes.wrapping_add(b.bytes);
     }
 
+    /// Adds one metric of a histogram row (every slot's count, and their sum).
+    pub fn add_row(&mut self, slots: &[u64; SLOTS], sum_ns: u64) {
+        for (a, n) in self.slots.iter_mut().zip(slots) {
+            *a = a.wrapping_add(*n);
+        }
+        self.sum_ns = self.sum_ns.wrapping_add(sum_ns);
+    }
+
     pub fn merge(&mut self, other: &Log2Hist) {
         for (a, b) in self.slots.iter_mut().zip(other.slots.iter()) {
             *a = a.wrapping_add(*b);
