@@ -51,7 +51,11 @@ pub struct KernelOffsets {
     /// (`(struct request_queue *q, struct bio *bio)`), else 0. Read by the loader, which
     /// attaches the program written for it.
     pub block_bio_arg: u32,
+    /// 1 when a syscall's exit can read the call's arguments from the thread's saved user
+    /// registers (`bpf_task_pt_regs`, Linux >= 5.15, and pgio reads them on x86_64): the
+    /// query family then needs no `sys_enter_*` program on the client socket's calls.
+    pub syscall_args_from_regs: u32,
 }
 
-crate::abi_size!(KernelOffsets, 80, 4);
+crate::abi_size!(KernelOffsets, 84, 4);
 crate::abi_pod!(KernelOffsets);

@@ -88,29 +88,36 @@ pub const ROW_METRICS: [QueryMetric; 3] = [
 ];
 
 /// Value of `QUERY_HIST`: every query histogram of one key, so that a query costs one map
-/// lookup (one per metric cost ~150 ns more), and every CPU adds to it atomically.
+/// lookup (one per metric cost ~150 ns more), and every CPU adds to it atomically. The
+/// counters a query without IO touches come first, together: such a query writes two cache
+/// lines of the row (this head and its duration's slot), which the backends of one series
+/// pass between CPUs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueryRow {
-    /// Per metric of [`ROW_METRICS`]: queries in each log2 slot (`hist::slot`).
-    pub slots: [[u64; crate::hist::SLOTS]; 3],
     /// Per metric of [`ROW_METRICS`]: sum of the times (ns).
     pub sum_ns: [u64; 3],
+    /// Per metric of [`ROW_METRICS`]: observations of 0 ns (slot 0 of its histogram).
+    pub zeros: [u64; 3],
     /// Reads of the queries that missed the page cache.
     pub misses: u64,
     /// [`QueryMetric::MultiSend`] cycles.
     pub multi_send: u64,
     /// [`QueryMetric::EncryptedConnections`].
     pub encrypted_connections: u64,
+    /// Per metric of [`ROW_METRICS`]: observations above 0 ns in each log2 slot
+    /// (`hist::slot`).
+    pub slots: [[u64; crate::hist::SLOTS]; 3],
 }
 
 impl QueryRow {
     pub const ZERO: QueryRow = QueryRow {
-        slots: [[0; crate::hist::SLOTS]; 3],
         sum_ns: [0; 3],
+        zeros: [0; 3],
         misses: 0,
         multi_send: 0,
         encrypted_connections: 0,
+        slots: [[0; crate::hist::SLOTS]; 3],
     };
 }
 
@@ -136,10 +143,10 @@ pub struct QueryState {
     pub wait_start_ns: u64,
     /// Encrypted: when the cycle's last send returned.
     pub last_send_ns: u64,
-    /// The pending read's buffer (`Phase::New`: its first bytes tell a startup packet).
-    pub recv_buf: u64,
-    /// The pending send's length: a ReadyForQuery counts once it is all written.
-    pub send_len: u64,
+    /// Before 5.15, the client-socket call in progress (`Pending::Call`): its buffer and
+    /// length, kept by its `sys_enter_*` program for its exit.
+    pub call_buf: u64,
+    pub call_len: u64,
     pub client_fd: u32,
     /// Encrypted: sends in this cycle.
     pub sends: u16,
@@ -153,14 +160,10 @@ pub struct QueryState {
 }
 
 crate::abi_enum! {
-    /// The client-socket call in progress (`QueryState::pending`).
+    /// Whether a `sys_enter_*` program kept a client-socket call (`QueryState::pending`).
     pub enum Pending: u8 {
         None = 0 => "none",
-        Recv = 1 => "recv",
-        /// A send that ends with ReadyForQuery.
-        ReplyEnd = 2 => "reply_end",
-        /// A send of an encrypted connection.
-        EncryptedSend = 3 => "encrypted_send",
+        Call = 1 => "call",
     }
 }
 
@@ -195,7 +198,7 @@ pub const fn is_connection_start(b: &[u8; 8]) -> bool {
 pub const SERVES_CLIENTS_WORDS: u32 = crate::CHILD_SERIES_MAX / 64;
 
 crate::abi_size!(QueryKey, 8, 4);
-crate::abi_size!(QueryRow, 1584, 8);
+crate::abi_size!(QueryRow, 1608, 8);
 crate::abi_size!(QueryState, 80, 8);
 crate::abi_pod!(QueryKey, QueryRow, QueryState);
 

@@ -44,6 +44,25 @@ impl KernelBtf {
         }
     }
 
+    /// Whether the kernel's programs may call helper `name` (`BPF_FUNC_<helper>`, a member of
+    /// `enum bpf_func_id`).
+    pub fn has_helper(&self, name: &str) -> Result<bool> {
+        let types = self
+            .0
+            .resolve_types_by_name("bpf_func_id")
+            .context("enum bpf_func_id not in kernel BTF")?;
+        for t in types {
+            if let Type::Enum(e) = t {
+                for m in &e.members {
+                    if self.0.resolve_name(m)? == name {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Byte offset of `field` in `struct name`, looking through anonymous struct/union
     /// members. A kernel that renamed the field fails here, by name.
     pub fn offset_of(&self, name: &str, field: &str) -> Result<u32> {

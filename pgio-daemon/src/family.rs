@@ -7,6 +7,7 @@ use std::{borrow::Cow, sync::Arc};
 
 use anyhow::Result;
 use aya::Ebpf;
+use pgio_common::kernel_offsets::KernelOffsets;
 
 use crate::{
     collector::Source,
@@ -50,6 +51,8 @@ pub struct Probe {
     pub requires: Option<&'static str>,
     /// Attached only when the config turns it on (not attached, it costs nothing).
     pub when: Option<fn(&Config) -> bool>,
+    /// Attached only on kernels where this holds (another program does its work elsewhere).
+    pub kernel: Option<fn(&KernelOffsets) -> bool>,
 }
 
 impl Probe {
@@ -60,6 +63,7 @@ impl Probe {
             optional,
             requires: None,
             when: None,
+            kernel: None,
         }
     }
 
@@ -72,6 +76,17 @@ impl Probe {
     /// Whether `config` turns it on.
     pub fn is_on(&self, config: &Config) -> bool {
         self.when.is_none_or(|on| on(config))
+    }
+
+    /// Attached only on kernels where `needed(kernel)`.
+    pub fn on_kernels(mut self, needed: fn(&KernelOffsets) -> bool) -> Probe {
+        self.kernel = Some(needed);
+        self
+    }
+
+    /// Whether this kernel needs it.
+    pub fn fits(&self, kernel: &KernelOffsets) -> bool {
+        self.kernel.is_none_or(|needed| needed(kernel))
     }
 }
 

@@ -136,9 +136,13 @@ pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
         }
         FloorHooks::Pgio => {
             let config = Config::default();
+            let offsets = kernel_offsets::from_btf(&KernelBtf::open()?)?;
             let p: &mut TracePoint = program(&mut ebpf, "floor_tracepoint")?.try_into()?;
             p.load()?;
-            for probe in table().into_iter().filter(|p| p.is_on(&config)) {
+            for probe in table()
+                .into_iter()
+                .filter(|p| p.is_on(&config) && p.fits(&offsets))
+            {
                 if let Attach::TracePoint(category) = probe.attach {
                     p.attach(category, &probe.program).with_context(|| {
                         format!("attaching floor_tracepoint to {category}/{}", probe.program)
@@ -254,7 +258,10 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status: Vec<ProbeStatus> = Vec::new();
-    for probe in table().into_iter().filter(|p| p.is_on(config)) {
+    for probe in table()
+        .into_iter()
+        .filter(|p| p.is_on(config) && p.fits(&offsets))
+    {
         let missing = probe
             .requires
             .filter(|needed| !status.iter().any(|s| s.program == *needed && s.attached));

@@ -6,6 +6,7 @@ use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
+    kernel_offsets::KernelOffsets,
     query::{QUOTA, QueryKey, QueryMetric, QueryRow, ROW_METRICS, Wire},
 };
 
@@ -35,6 +36,10 @@ fn queries(config: &Config) -> bool {
     config.queries
 }
 
+fn args_at_entry(kernel: &KernelOffsets) -> bool {
+    kernel.syscall_args_from_regs == 0
+}
+
 fn aio_probes(config: &Config) -> bool {
     config.queries && config.query_probes
 }
@@ -47,12 +52,14 @@ impl Family for QueryFamily {
     fn probes(&self) -> Vec<Probe> {
         let socket =
             |program| Probe::new(program, Attach::TracePoint("syscalls"), true).when(queries);
+        // Where the exits cannot read the call's arguments from the saved registers.
+        let keeps_args = |program| socket(program).on_kernels(args_at_entry);
         vec![
             // A client backend reads requests and writes replies on its client socket: the
             // replies' ReadyForQuery (or, encrypted, the rhythm) delimit its queries.
-            socket("sys_enter_recvfrom"),
+            keeps_args("sys_enter_recvfrom"),
             socket("sys_exit_recvfrom"),
-            socket("sys_enter_sendto"),
+            keeps_args("sys_enter_sendto"),
             socket("sys_exit_sendto"),
             // PostgreSQL 18's wait for an asynchronous IO (with `io_method = worker` an io
             // worker does the read): its time is the query's IO time. Absent before 18.
@@ -120,6 +127,9 @@ impl HistValue for QueryRow {
         for (x, y) in self.sum_ns.iter_mut().zip(&o.sum_ns) {
             *x = x.wrapping_add(*y);
         }
+        for (x, y) in self.zeros.iter_mut().zip(&o.zeros) {
+            *x = x.wrapping_add(*y);
+        }
         self.misses = self.misses.wrapping_add(o.misses);
         self.multi_send = self.multi_send.wrapping_add(o.multi_send);
         self.encrypted_connections = self
@@ -158,11 +168,13 @@ impl HistKey for QueryKey {
             wire,
         };
         for (m, metric) in ROW_METRICS.into_iter().enumerate() {
-            if row.slots[m].iter().all(|&n| n == 0) {
+            let mut slots = row.slots[m];
+            slots[0] = slots[0].wrapping_add(row.zeros[m]);
+            if slots.iter().all(|&n| n == 0) {
                 continue;
             }
             let h = hists.entry(id(metric)).or_default();
-            h.add_row(&row.slots[m], row.sum_ns[m]);
+            h.add_row(&slots, row.sum_ns[m]);
             if metric == QueryMetric::Duration {
                 h.bytes = h.bytes.wrapping_add(row.misses);
             }

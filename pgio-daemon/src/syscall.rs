@@ -59,6 +59,7 @@ impl Family for SyscallFamily {
                     // Without it they would book one thread's calls on another's series.
                     requires: Some(SCHED_SWITCH),
                     when: None,
+                    kernel: None,
                 });
             }
         }

@@ -26,10 +26,19 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     bio_opf: 0,
     bio_size: 0,
     block_bio_arg: 0,
+    syscall_args_from_regs: 0,
 };
 
 #[inline(always)]
 pub fn offsets() -> KernelOffsets {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
     unsafe { core::ptr::read_volatile(&KERNEL_OFFSETS) }
+}
+
+/// Whether the syscall exits read the call's arguments from the saved user registers (the
+/// loader attached no `sys_enter_*` program for them).
+#[inline(always)]
+pub fn syscall_args_from_regs() -> bool {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    unsafe { core::ptr::read_volatile(&raw const KERNEL_OFFSETS.syscall_args_from_regs) != 0 }
 }

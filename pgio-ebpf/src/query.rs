@@ -73,9 +73,13 @@ fn row(series: SeriesId, wire: u8) -> Option<*mut QueryRow> {
 /// SAFETY: `r` points to a `QUERY_HIST` value.
 #[inline(always)]
 unsafe fn observe(r: *mut QueryRow, m: usize, ns: u64) {
-    // The mask proves the index to the verifier; `slot` never exceeds SLOTS - 1.
-    let s = slot(ns) as usize & (SLOTS - 1);
     unsafe {
+        if ns == 0 {
+            atomic_add(&raw mut (*r).zeros[m], 1);
+            return;
+        }
+        // The mask proves the index to the verifier; `slot` never exceeds SLOTS - 1.
+        let s = slot(ns) as usize & (SLOTS - 1);
         atomic_add(&raw mut (*r).slots[m][s], 1);
         atomic_add(&raw mut (*r).sum_ns[m], ns);
     }
@@ -83,10 +87,7 @@ unsafe fn observe(r: *mut QueryRow, m: usize, ns: u64) {
 
 /// The query that ran from `s.start_ns` to `end`.
 #[inline(always)]
-fn book_query(tgid: u32, s: &QueryState, end: u64) {
-    let Some(series) = tracked::series_of(tgid) else {
-        return;
-    };
+fn book_query(series: SeriesId, s: &QueryState, end: u64) {
     let Some(r) = row(series, s.wire) else {
         return;
     };
@@ -121,8 +122,118 @@ fn restart(s: *mut QueryState, phase: Phase, start: u64) {
     }
 }
 
-/// `recvfrom(fd, buf, len, …)`: a read of this backend's client socket begins. A thread's
-/// first read names its client socket.
+/// A client-socket call's arguments, read at its exit.
+#[derive(Clone, Copy)]
+struct Call {
+    fd: u32,
+    buf: u64,
+    len: u64,
+}
+
+/// The call's arguments from the thread's saved user registers, which the kernel keeps
+/// until it returns to user space: one program per call instead of an entry and an exit.
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn call_from_regs() -> Option<Call> {
+    use aya_ebpf::{bindings::pt_regs, helpers::generated};
+    // SAFETY: the current task, and its saved registers (a BTF pointer the verifier checks).
+    unsafe {
+        let regs =
+            generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const pt_regs;
+        if regs.is_null() {
+            return None;
+        }
+        Some(Call {
+            fd: (*regs).rdi as u32,
+            buf: (*regs).rsi,
+            len: (*regs).rdx,
+        })
+    }
+}
+
+/// Elsewhere the loader attaches the `sys_enter_*` programs, which keep the arguments.
+#[cfg(not(bpf_target_arch = "x86_64"))]
+#[inline(always)]
+fn call_from_regs() -> Option<Call> {
+    None
+}
+
+/// Kernels without `bpf_task_pt_regs` (< 5.15): the `sys_enter_*` program keeps a call on
+/// the thread's client socket for its exit (`Pending::Call`).
+#[inline(always)]
+fn keep_call(ctx: &TracePointContext, s: *mut QueryState) {
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        if (*s).client_fd != field(ctx, ARG0) as u32 || (*s).phase == Phase::Ignored as u8 {
+            return;
+        }
+        (*s).pending = Pending::Call as u8;
+        (*s).call_buf = field(ctx, ARG1);
+        (*s).call_len = field(ctx, ARG2);
+    }
+}
+
+/// At a client-socket call's exit: the thread's connection, if this call is on its client
+/// socket. `open`: a `recvfrom` makes the connection of a client backend thread.
+#[inline(always)]
+fn socket_call(tid: u32, series: SeriesId, open: bool) -> Option<(*mut QueryState, Call)> {
+    if !crate::kernel_offsets::syscall_args_from_regs() {
+        let s = QUERY.get_ptr_mut(&tid)?;
+        // SAFETY: a map value; only this thread's programs touch its key.
+        unsafe {
+            if (*s).pending != Pending::Call as u8 {
+                return None;
+            }
+            (*s).pending = Pending::None as u8;
+            let call = Call {
+                fd: (*s).client_fd,
+                buf: (*s).call_buf,
+                len: (*s).call_len,
+            };
+            return Some((s, call));
+        }
+    }
+    let call = call_from_regs()?;
+    let s = if open {
+        open_connection(tid, series, call.fd)?
+    } else {
+        QUERY.get_ptr_mut(&tid)?
+    };
+    // SAFETY: a map value; only this thread's programs touch its key.
+    unsafe {
+        if (*s).client_fd != call.fd || (*s).phase == Phase::Ignored as u8 {
+            return None;
+        }
+    }
+    Some((s, call))
+}
+
+/// A client backend thread's connection, made at its first read (whose `fd` names its client
+/// socket). Other tracked processes (Longhorn's) only pay the bitmap lookup; a walsender or
+/// a replication client, classified since its first read, leaves its entry.
+#[inline(always)]
+fn open_connection(tid: u32, series: SeriesId, fd: u32) -> Option<*mut QueryState> {
+    if !tracked::serves_clients(series) {
+        if QUERY.get_ptr(&tid).is_some() {
+            let _ = QUERY.remove(&tid);
+        }
+        return None;
+    }
+    if let Some(s) = QUERY.get_ptr_mut(&tid) {
+        return Some(s);
+    }
+    let new = QueryState {
+        client_fd: fd,
+        ..QueryState::default()
+    };
+    if QUERY.insert(&tid, &new, BPF_NOEXIST as u64).is_err() {
+        drops::count(DropReason::QueryUnavailable);
+        return None;
+    }
+    QUERY.get_ptr_mut(&tid)
+}
+
+/// `recvfrom(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -130,80 +241,41 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
-    if !tracked::serves_clients(series) {
-        // A walsender or a replication client, classified since its first read, leaves its
-        // entry; other tracked processes (Longhorn's) only pay the lookup.
-        if QUERY.get_ptr(&tid).is_some() {
-            let _ = QUERY.remove(&tid);
-        }
-        return 0;
-    }
-    let fd = field(&ctx, ARG0) as u32;
-    let s = match QUERY.get_ptr_mut(&tid) {
-        Some(s) => s,
-        None => {
-            let new = QueryState {
-                client_fd: fd,
-                ..QueryState::default()
-            };
-            if QUERY.insert(&tid, &new, BPF_NOEXIST as u64).is_err() {
-                drops::count(DropReason::QueryUnavailable);
-                return 0;
-            }
-            let Some(s) = QUERY.get_ptr_mut(&tid) else {
-                return 0;
-            };
-            s
-        }
-    };
-    // SAFETY: a map value; only this thread's programs touch its key.
-    unsafe {
-        if (*s).client_fd != fd || (*s).phase == Phase::Ignored as u8 {
-            return 0;
-        }
-        (*s).pending = Pending::Recv as u8;
-        (*s).recv_buf = field(&ctx, ARG1);
+    if let Some(s) = open_connection(tid, series, field(&ctx, ARG0) as u32) {
+        keep_call(&ctx, s);
     }
     0
 }
 
-/// The thread's connection, if it is a tracked process': an untracked one (any other program
-/// on the node that uses sockets) pays an array lookup, not a hash lookup.
-#[inline(always)]
-fn connection(tid: u32, tgid: u32) -> Option<*mut QueryState> {
-    tracked::series_of(tgid)?;
-    QUERY.get_ptr_mut(&tid)
-}
-
+/// A read of the backend's client socket returned: a request arrived (or, `EAGAIN`, the
+/// backend is about to wait for one).
 #[tracepoint]
 pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    let Some(s) = connection(tid, tgid) else {
+    let Some(series) = tracked::series_of(tgid) else {
+        return 0;
+    };
+    let Some((s, call)) = socket_call(tid, series, true) else {
         return 0;
     };
     let ret = field(&ctx, RET) as i64;
+    let data = ret > 0;
+    if !data && ret != -EAGAIN {
+        return 0; // end of stream or an error: the backend is going
+    }
     // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
-        if (*s).pending != Pending::Recv as u8 {
-            return 0;
-        }
-        (*s).pending = Pending::None as u8;
-        let data = ret > 0;
-        if !data && ret != -EAGAIN {
-            return 0; // end of stream or an error: the backend is going
-        }
-        let now = bpf_ktime_get_ns();
         let phase = (*s).phase;
         // Encrypted: a read after a send ends the cycle at that send.
         let cycle_done = (*s).wire == Wire::Encrypted as u8 && (*s).sends > 0;
         if phase == Phase::New as u8 {
             if data {
-                read_first(s, tgid, ret, now);
+                read_first(s, series, call.buf, ret);
             }
         } else if phase == Phase::Waiting as u8 {
             if data {
-                restart(s, Phase::Running, now);
+                restart(s, Phase::Running, bpf_ktime_get_ns());
             }
         } else if phase == Phase::AfterReply as u8 {
             if data {
@@ -214,7 +286,7 @@ pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
         } else if phase == Phase::Running as u8 {
             if cycle_done {
                 let end = (*s).last_send_ns;
-                book_query(tgid, &*s, end);
+                book_query(series, &*s, end);
                 restart(s, if data { Phase::Running } else { Phase::Waiting }, end);
             }
         } else if phase == Phase::Startup as u8 && cycle_done {
@@ -230,49 +302,63 @@ pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
 /// request (a client backend that was connected before pgio started), or, for a process not
 /// classified yet, the client side of a connection (a replication worker).
 #[inline(always)]
-unsafe fn read_first(s: *mut QueryState, tgid: u32, ret: i64, now: u64) {
+unsafe fn read_first(s: *mut QueryState, series: SeriesId, buf: u64, ret: i64) {
+    let first = if ret >= 8 {
+        // SAFETY: a read of user memory, which may fail.
+        unsafe { bpf_probe_read_user(buf as *const [u8; 8]) }.ok()
+    } else {
+        None
+    };
     // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
-        let first = if ret >= 8 {
-            bpf_probe_read_user((*s).recv_buf as *const [u8; 8]).ok()
-        } else {
-            None
-        };
         if first.is_some_and(|b| is_connection_start(&b)) {
             (*s).phase = Phase::Startup as u8;
-        } else if tracked::series_of(tgid).is_some_and(|series| !series.is_provisional()) {
-            restart(s, Phase::Running, now);
+        } else if !series.is_provisional() {
+            restart(s, Phase::Running, bpf_ktime_get_ns());
         } else {
             (*s).phase = Phase::Ignored as u8;
         }
     }
 }
 
-/// `sendto(fd, buf, len, …)`: the backend writes to its client socket. Its bytes tell the
-/// connection's wire, and, on a plain one, whether the send ends with ReadyForQuery.
+/// `sendto(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
+    if tracked::series_of((pid_tgid >> 32) as u32).is_none() {
+        return 0;
+    }
+    if let Some(s) = QUERY.get_ptr_mut(&(pid_tgid as u32)) {
+        keep_call(&ctx, s);
+    }
+    0
+}
+
+/// The backend wrote to its client socket. Its bytes tell the connection's wire, and, on a
+/// plain one, whether the send ended with ReadyForQuery: the end of a query.
+#[tracepoint]
+pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    let Some(s) = connection(tid, tgid) else {
+    let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
-    let fd = field(&ctx, ARG0) as u32;
+    let Some((s, call)) = socket_call(tid, series, false) else {
+        return 0;
+    };
+    let ret = field(&ctx, RET) as i64;
     // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
         let phase = (*s).phase;
-        if (*s).client_fd != fd || phase == Phase::Ignored as u8 || phase == Phase::New as u8 {
+        if ret <= 0 || phase == Phase::New as u8 {
             return 0;
         }
-        let buf = field(&ctx, ARG1);
-        let len = field(&ctx, ARG2);
         if (*s).wire == Wire::Unknown as u8
-            && let Ok(first) = bpf_probe_read_user(buf as *const u8)
+            && let Ok(first) = bpf_probe_read_user(call.buf as *const u8)
             && is_encrypted(first)
         {
             (*s).wire = Wire::Encrypted as u8;
             if phase == Phase::Startup as u8
-                && let Some(series) = tracked::series_of(tgid)
                 && let Some(r) = row(series, Wire::Encrypted as u8)
             {
                 // A map value; other CPUs add to it too.
@@ -282,55 +368,26 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
         if (*s).wire == Wire::Encrypted as u8 {
             // Waiting: an asynchronous notification, not a reply.
             if phase != Phase::Waiting as u8 {
-                (*s).pending = Pending::EncryptedSend as u8;
+                (*s).last_send_ns = bpf_ktime_get_ns();
+                (*s).sends = (*s).sends.saturating_add(1);
             }
             return 0;
         }
-        if len < 6 {
-            return 0;
-        }
-        if let Ok(tail) = bpf_probe_read_user((buf + len - 6) as *const [u8; 6])
-            && is_ready_for_query(&tail)
-        {
-            (*s).wire = Wire::Plain as u8;
-            (*s).pending = Pending::ReplyEnd as u8;
-            (*s).send_len = len;
-        }
-    }
-    0
-}
-
-#[tracepoint]
-pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    let Some(s) = connection(tid, tgid) else {
-        return 0;
-    };
-    let ret = field(&ctx, RET) as i64;
-    // SAFETY: a map value; only this thread's programs touch its key.
-    unsafe {
-        let pending = (*s).pending;
-        if pending == Pending::None as u8 {
-            return 0;
-        }
-        (*s).pending = Pending::None as u8;
-        if ret <= 0 {
-            return 0;
-        }
-        let now = bpf_ktime_get_ns();
-        if pending == Pending::EncryptedSend as u8 {
-            (*s).last_send_ns = now;
-            (*s).sends = (*s).sends.saturating_add(1);
-            return 0;
-        }
         // A partial write: the rest, which ends with ReadyForQuery, follows.
-        if pending != Pending::ReplyEnd as u8 || ret as u64 != (*s).send_len {
+        let len = call.len;
+        if len < 6 || ret as u64 != len {
             return 0;
         }
-        let phase = (*s).phase;
+        let Ok(tail) = bpf_probe_read_user((call.buf + len - 6) as *const [u8; 6]) else {
+            return 0;
+        };
+        if !is_ready_for_query(&tail) {
+            return 0;
+        }
+        (*s).wire = Wire::Plain as u8;
+        let now = bpf_ktime_get_ns();
         if phase == Phase::Running as u8 || phase == Phase::AfterReply as u8 {
-            book_query(tgid, &*s, now);
+            book_query(series, &*s, now);
         }
         restart(s, Phase::AfterReply, now);
     }
