@@ -74,6 +74,11 @@ pub struct Config {
     /// counts as its query's IO time. Off by default: uprobes need CAP_SYS_ADMIN on patched
     /// kernels (CVE-2025-38466), and each hit costs a few microseconds.
     pub query_probes: bool,
+    /// Attach `sys_enter_recvfrom`/`sys_enter_sendto` to keep the socket calls' arguments for
+    /// their exits even where the exits can read them from the saved registers (Linux >= 5.15
+    /// on x86_64): the path older kernels take, for tests and comparisons; it costs ~0.2 µs
+    /// more per query.
+    pub query_args_at_entry: bool,
     /// At most this many distinct postgres binaries carry pgio's uprobes at once (each costs
     /// one or more fds and kernel uprobes); past it a binary is refused
     /// (`pgio_postgres_binaries_refused_total`) until another one's processes are all gone.
@@ -127,6 +132,7 @@ impl Default for Config {
             block_inflight_timeout_secs: 180,
             queries: true,
             query_probes: false,
+            query_args_at_entry: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),
             http_header_timeout_secs: 10,

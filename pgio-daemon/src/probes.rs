@@ -253,7 +253,10 @@ fn load(offsets: &KernelOffsets, config: &Config) -> Result<Ebpf> {
 pub fn load_and_attach(config: &Config) -> Result<Probes> {
     require_object()?;
     let btf = KernelBtf::open()?;
-    let offsets = kernel_offsets::from_btf(&btf).context("reading struct offsets from BTF")?;
+    let mut offsets = kernel_offsets::from_btf(&btf).context("reading struct offsets from BTF")?;
+    if config.query_args_at_entry {
+        offsets.syscall_args_from_regs = 0;
+    }
     let mut ebpf = load(&offsets, config)?;
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;

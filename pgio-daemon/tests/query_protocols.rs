@@ -12,6 +12,10 @@
 //!   `trust`, two where the server sends TLS 1.3 session tickets), each connection counted in `pgio_query_encrypted_connections_total`; a
 //!   pipeline with two Syncs is two cycles or one flagged in `pgio_query_multi_send_total`;
 //! - a walsender's replication commands are not queries of any series.
+//!
+//! On kernels >= 5.15 the socket calls' exits read their arguments from the saved registers;
+//! `pg15_query_protocols_args_at_entry` runs the same cases on the path of older kernels,
+//! where `sys_enter_*` programs keep them (`query_args_at_entry = true`).
 mod common;
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
@@ -167,7 +171,7 @@ fn make_certificate(pg: &PgCluster) {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
 
-fn protocols(major: u32, port: u16) {
+fn protocols(major: u32, port: u16, config: &str) {
     if !require_root(&format!("pg{major}_query_protocols")) {
         return;
     }
@@ -206,8 +210,9 @@ fn protocols(major: u32, port: u16) {
         }),
         "the early session's first query did not finish"
     );
-    c.daemon = Some(Daemon::with_config("").expect("daemon"));
+    c.daemon = Some(Daemon::with_config(config).expect("daemon"));
     c.daemon().wait_tracked("postgres", "postmaster");
+    assert_socket_path(c.daemon(), config);
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
             c.daemon()
@@ -449,17 +454,46 @@ fn protocols(major: u32, port: u16) {
 
 #[test]
 fn pg15_query_protocols() {
-    protocols(15, 56_530);
+    protocols(15, 56_530, "");
+}
+
+#[test]
+fn pg15_query_protocols_args_at_entry() {
+    protocols(15, 56_533, "query_args_at_entry = true\n");
 }
 
 #[test]
 fn pg17_query_protocols() {
-    protocols(17, 56_531);
+    protocols(17, 56_531, "");
 }
 
 #[test]
 fn pg18_query_protocols() {
-    protocols(18, 56_532);
+    protocols(18, 56_532, "");
+}
+
+/// The socket calls' entries are attached only where their exits cannot read the arguments
+/// from the saved registers (before 5.15, or when the config asks).
+fn assert_socket_path(d: &Daemon, config: &str) {
+    let m = d.scrape();
+    let attached = |p| m.sum("pgio_probe_attached", &[("program", p)]);
+    for p in ["sys_exit_recvfrom", "sys_exit_sendto"] {
+        assert_eq!(attached(p), 1.0, "{p} attached");
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut v = release
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let regs = cfg!(target_arch = "x86_64")
+        && (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (5, 15)
+        && !config.contains("query_args_at_entry = true");
+    for p in ["sys_enter_recvfrom", "sys_enter_sendto"] {
+        assert_eq!(
+            attached(p),
+            if regs { 0.0 } else { 1.0 },
+            "{p} attached on {release} with {config:?}"
+        );
+    }
 }
 
 /// The pid of the one backend on DB running a query.

@@ -158,18 +158,29 @@ fn call_from_regs() -> Option<Call> {
     None
 }
 
+/// The call's arguments from its `sys_enter_*` record, read once: the verifier refuses a
+/// context pointer the compiler has moved.
+#[inline(always)]
+fn call_at_entry(ctx: &TracePointContext) -> Call {
+    Call {
+        fd: field(ctx, ARG0) as u32,
+        buf: field(ctx, ARG1),
+        len: field(ctx, ARG2),
+    }
+}
+
 /// Kernels without `bpf_task_pt_regs` (< 5.15): the `sys_enter_*` program keeps a call on
 /// the thread's client socket for its exit (`Pending::Call`).
 #[inline(always)]
-fn keep_call(ctx: &TracePointContext, s: *mut QueryState) {
+fn keep_call(call: Call, s: *mut QueryState) {
     // SAFETY: a map value; only this thread's programs touch its key.
     unsafe {
-        if (*s).client_fd != field(ctx, ARG0) as u32 || (*s).phase == Phase::Ignored as u8 {
+        if (*s).client_fd != call.fd || (*s).phase == Phase::Ignored as u8 {
             return;
         }
         (*s).pending = Pending::Call as u8;
-        (*s).call_buf = field(ctx, ARG1);
-        (*s).call_len = field(ctx, ARG2);
+        (*s).call_buf = call.buf;
+        (*s).call_len = call.len;
     }
 }
 
@@ -241,8 +252,9 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
-    if let Some(s) = open_connection(tid, series, field(&ctx, ARG0) as u32) {
-        keep_call(&ctx, s);
+    let call = call_at_entry(&ctx);
+    if let Some(s) = open_connection(tid, series, call.fd) {
+        keep_call(call, s);
     }
     0
 }
@@ -328,8 +340,9 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
     if tracked::series_of((pid_tgid >> 32) as u32).is_none() {
         return 0;
     }
+    let call = call_at_entry(&ctx);
     if let Some(s) = QUERY.get_ptr_mut(&(pid_tgid as u32)) {
-        keep_call(&ctx, s);
+        keep_call(call, s);
     }
     0
 }
