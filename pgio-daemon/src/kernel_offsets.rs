@@ -52,7 +52,7 @@ pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
         bio_size: btf.offset_of("bio", "bi_iter")? + btf.offset_of("bvec_iter", "bi_size")?,
         block_bio_arg: first_arg_is_queue(btf, "block_bio_queue")?,
         syscall_args_from_regs: u32::from(
-            cfg!(target_arch = "x86_64") && btf.has_helper("BPF_FUNC_task_pt_regs")?,
+            cfg!(target_arch = "x86_64") && btf.has_helper("BPF_FUNC_task_pt_regs"),
         ),
     })
 }
