@@ -115,7 +115,8 @@ impl Default for Config {
     fn default() -> Self {
         let limits = Limits::default();
         Config {
-            listen: SocketAddr::from(([0, 0, 0, 0], 9435)),
+            // Both IPv4 and IPv6 (`run::bind`).
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 9435)),
             rescan_interval_secs: 10,
             bpf_stats: false,
             longhorn_device_dir: DEFAULT_LONGHORN_DEVICE_DIR.to_owned(),
@@ -243,7 +244,7 @@ mod tests {
     #[test]
     fn empty_config_is_the_default() {
         let c = Config::parse("", "x.toml").expect("empty config");
-        assert_eq!(c.listen.to_string(), "0.0.0.0:9435");
+        assert_eq!(c.listen.to_string(), "[::]:9435");
         assert!(c.rules.is_empty());
     }
 

@@ -237,3 +237,101 @@ fn log_is_plain_and_names_the_bound_port() {
         .unwrap_or(0);
     assert_ne!(port, 0, "{line}");
 }
+
+/// A network namespace of the test's own, deleted on drop.
+struct NetNs(String);
+
+impl NetNs {
+    fn create(name: String) -> NetNs {
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip netns add {name}");
+        let ns = NetNs(name);
+        ns.run(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn command(&self, argv: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0]).args(argv);
+        c
+    }
+
+    fn run(&self, argv: &[&str]) -> String {
+        let out = self.command(argv).output().expect("ip netns exec");
+        assert!(
+            out.status.success(),
+            "{argv:?} in {}: {}",
+            self.0,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .status();
+    }
+}
+
+/// The default `[::]` listener answers on IPv4 and IPv6 even where the node makes IPv6 sockets
+/// IPv6-only (`net.ipv6.bindv6only = 1`, set in a network namespace of the test's own).
+#[test]
+fn default_listener_serves_ipv4_and_ipv6() {
+    if !require_root("default_listener_serves_ipv4_and_ipv6") {
+        return;
+    }
+    let ns = NetNs::create(format!("pgio-test-{}", std::process::id()));
+    ns.run(&["sysctl", "-q", "-w", "net.ipv6.bindv6only=1"]);
+    let dir = temp_dir().expect("temp dir");
+    let log = dir.path().join("log");
+    let mut child = ns
+        .command(&[
+            env!("CARGO_BIN_EXE_pgio-daemon"),
+            "run",
+            "--listen",
+            "[::]:0",
+        ])
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("run daemon");
+    let mut text = String::new();
+    let up = pgio_testkit::wait_until(
+        std::time::Duration::from_secs(20),
+        std::time::Duration::from_millis(100),
+        || {
+            text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("serving /metrics")
+        },
+    );
+    let port: u16 = text
+        .lines()
+        .find(|l| l.contains("serving /metrics"))
+        .and_then(|l| l.rsplit_once("listen=[::]:"))
+        .and_then(|(_, p)| p.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let get = |host: &str| {
+        ns.command(&[
+            "curl",
+            "-s",
+            "-m",
+            "5",
+            &format!("http://{host}:{port}/healthz"),
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+    };
+    let (v4, v6) = (get("127.0.0.1"), get("[::1]"));
+    // SAFETY: signalling our own child (`ip netns exec` execs the daemon: the same pid).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    assert!(up && port != 0, "{text}");
+    assert!(v4.starts_with("ok"), "IPv4 /healthz: {v4:?}\n{text}");
+    assert!(v6.starts_with("ok"), "IPv6 /healthz: {v6:?}\n{text}");
+}

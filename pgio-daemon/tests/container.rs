@@ -4,7 +4,10 @@
 //! shows a host process' direct reads of a loop device (count = /proc/diskstats' delta) and a
 //! PostgreSQL cluster's roles with their database, user and cluster labels. Then, for each
 //! capability the manifest adds, a run without it shows what it is for: the daemon exits naming
-//! BPF or PERFMON, and labels go missing without SYS_PTRACE or DAC_READ_SEARCH.
+//! BPF or PERFMON, and labels go missing without SYS_PTRACE or DAC_READ_SEARCH. Between the
+//! two, the same run under the Localhost seccomp profile (`deploy/seccomp/pgio.json`) with
+//! every syscall it does not list killing the process: a syscall the daemon needs and the
+//! profile lacks fails here instead of degrading on a node.
 //!
 //! The image is built from the binary under test with `pgio_testkit::podman::build_image`, the
 //! function `cargo xtask image` uses, and its tag removed at the end.
@@ -255,6 +258,26 @@ fn without_cap(run: &PodmanRun, cap: &str) -> PodmanRun {
 }
 
 /// (major, minor) of the running kernel.
+/// `run` under `deploy/seccomp/pgio.json`, but with `SCMP_ACT_KILL_PROCESS` for anything it
+/// does not list instead of EPERM (which the daemon would survive, with less).
+fn under_strict_localhost_profile(run: &PodmanRun, dir: &Path) -> PodmanRun {
+    let shipped = workspace().join("deploy").join("seccomp").join("pgio.json");
+    let text = std::fs::read_to_string(&shipped).expect("the Localhost profile");
+    let mut profile: pgio_testkit::serde_json::Value =
+        pgio_testkit::serde_json::from_str(&text).expect("the Localhost profile's JSON");
+    let top = profile.as_object_mut().expect("a JSON object");
+    top.insert("defaultAction".into(), "SCMP_ACT_KILL_PROCESS".into());
+    top.remove("defaultErrnoRet");
+    let strict = dir.join("pgio-strict.json");
+    std::fs::write(&strict, profile.to_string()).expect("write the strict profile");
+    let mut out = run.clone();
+    out.flags
+        .retain(|f| !f.starts_with("--security-opt=seccomp="));
+    out.flags
+        .push(format!("--security-opt=seccomp={}", strict.display()));
+    out
+}
+
 fn kernel_version() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
     let mut it = release
@@ -477,7 +500,56 @@ fn daemonset_security_context_in_podman() {
     );
     drop(full);
 
-    // 2. Each capability the DaemonSet adds, taken away: what it is for.
+    // 2. The Localhost seccomp profile, strictly: the catalogs (openat2), the capability drop
+    // (capset), the probes, the scrapes and the query metrics all within it.
+    let strict = under_strict_localhost_profile(&run, dir.path());
+    let confined = Pgio::start(
+        &format!("pgio-container-test-{id}-seccomp"),
+        &strict,
+        &tag.0,
+    );
+    if let Err(code) = confined.wait_up() {
+        panic!(
+            "pgio exited ({code}; 159 is SIGSYS: a syscall deploy/seccomp/pgio.json lacks) under \
+             the Localhost profile:\n{}",
+            confined.container.logs()
+        );
+    }
+    assert!(
+        confined.wait_tracked(&backend),
+        "client backend not tracked as {backend:?} under the Localhost profile:\n{}",
+        confined.container.logs()
+    );
+    let before = confined.scrape();
+    for _ in 0..QUERIES {
+        session.send("SELECT 1;").expect("send");
+    }
+    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        queries(&confined.scrape()) - queries(&before) >= QUERIES as f64
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let got = queries(&confined.scrape()) - queries(&before);
+    let code = confined
+        .container
+        .stop(Duration::from_secs(20))
+        .expect("stop");
+    let logs = confined.container.logs();
+    eprintln!("under the Localhost profile: {got} queries, exit {code}");
+    assert_eq!(
+        got, QUERIES as f64,
+        "queries under the Localhost profile:\n{logs}"
+    );
+    assert_eq!(
+        code, 0,
+        "pgio's exit on SIGTERM under the Localhost profile:\n{logs}"
+    );
+    assert!(
+        !logs.contains("dropping capabilities:"),
+        "the capability drop failed under the Localhost profile:\n{logs}"
+    );
+    drop(confined);
+
+    // 3. Each capability the DaemonSet adds, taken away: what it is for.
     let (major, minor) = kernel_version();
     for cap in run.cap_add.clone() {
         let name = format!("pgio-container-test-{id}-no-{}", cap.to_lowercase());

@@ -310,7 +310,7 @@ fn healthz_fails_when_pgio_is_out_of_file_descriptors() {
 }
 
 /// CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON, CAP_BPF, and CAP_SYS_ADMIN where the
-/// kernel wants it for uprobes (6.16 and later, deploy/CAPABILITIES.md).
+/// kernel wants it for uprobes (6.16 and its stable backports, deploy/CAPABILITIES.md).
 fn expected_caps() -> u64 {
     let mut caps = 1 << 2 | 1 << 19 | 1 << 38 | 1 << 39;
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");

@@ -450,6 +450,18 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
             "maxVersion": {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]},
         },
     });
+    // The operator's RelabelConfig (no field required; `required` may not be empty).
+    let relabel_config = json!({"type": "object", "additionalProperties": false,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string", "minLength": 1},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer", "minimum": 1},
+        "replacement": {"type": "string"},
+        "action": {"enum": ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop",
+                            "labelkeep", "lowercase", "uppercase", "keepequal", "dropequal"]},
+    }});
     let endpoint = closed(
         json!({
             "port": {"type": "string"},
@@ -460,6 +472,8 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
             "tlsConfig": tls_config,
             "basicAuth": closed(json!({"username": key_ref, "password": key_ref}),
                                 &["username", "password"]),
+            "honorLabels": {"type": "boolean"},
+            "relabelings": {"type": "array", "items": relabel_config},
         }),
         &["port"],
     );
@@ -852,11 +866,34 @@ fn invariants(r: &Render, version: &str) -> Result<()> {
             labels_match(&pm["spec"]["selector"]["matchLabels"], pod_labels),
             "the PodMonitor's selector does not match the pod labels"
         );
+        let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
         ensure!(
-            pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics",
+            endpoint["port"] == "metrics",
             "the PodMonitor should scrape the port named metrics"
         );
+        // Without honorLabels, Prometheus renames pgio's namespace/pod/container labels to
+        // exported_* and the dashboards see only pgio's own namespace; without the labeldrop,
+        // series with no pod labels (host processes) get pgio's own pod.
+        let relabelings = endpoint["relabelings"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            endpoint["honorLabels"] == true
+                && relabelings
+                    .iter()
+                    .any(|r| r["action"] == "labeldrop" && r["regex"] == "namespace|pod|container")
+                && relabelings.iter().any(|r| r["targetLabel"] == "node"
+                    && r["sourceLabels"][0] == "__meta_kubernetes_pod_node_name"),
+            "the PodMonitor should honour pgio's labels, drop the target's namespace/pod/container \
+             and add node: {endpoint}"
+        );
     }
+    let ds = only(r, "DaemonSet")?;
+    ensure!(
+        ds["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/os"] == "linux",
+        "the DaemonSet should select Linux nodes (it tolerates every taint)"
+    );
     Ok(())
 }
 

@@ -4,7 +4,7 @@ toToml: Helm reads numbers in values as floats, and pgio wants integers.
 */}}
 {{- define "pgio.toml" -}}
 {{- $c := .Values.config -}}
-listen = {{ include "pgio.tomlString" (printf "0.0.0.0:%d" (int .Values.port)) }}
+listen = {{ include "pgio.tomlString" (printf "[::]:%d" (int .Values.port)) }}
 rescan_interval_secs = {{ int $c.rescan_interval_secs }}
 bpf_stats = {{ $c.bpf_stats }}
 longhorn_device_dir = {{ include "pgio.tomlString" $c.longhorn_device_dir }}
@@ -17,6 +17,7 @@ max_series_per_app = {{ int $c.max_series_per_app }}
 max_series_per_group = {{ int $c.max_series_per_group }}
 max_label_len = {{ int $c.max_label_len }}
 hist_map_max_entries = {{ int $c.hist_map_max_entries }}
+syscall_rows = {{ $c.syscall_rows }}
 max_postgres_binaries = {{ int $c.max_postgres_binaries }}
 http_header_timeout_secs = {{ int $c.http_header_timeout_secs }}
 http_idle_timeout_secs = {{ int $c.http_idle_timeout_secs }}
