@@ -196,6 +196,20 @@ fn content_negotiation() {
     d.stop().expect("clean exit");
 }
 
+/// Waits for the daemon's log at `log` to say it serves /metrics: (whether it did, the log).
+fn wait_serving(log: &std::path::Path) -> (bool, String) {
+    let mut text = String::new();
+    let up = pgio_testkit::wait_until(
+        std::time::Duration::from_secs(20),
+        std::time::Duration::from_millis(100),
+        || {
+            text = std::fs::read_to_string(log).unwrap_or_default();
+            text.contains("serving /metrics")
+        },
+    );
+    (up, text)
+}
+
 /// With stderr not a terminal the log has no colour codes, and `--listen 127.0.0.1:0` logs the
 /// port the kernel picked.
 #[test]
@@ -210,15 +224,7 @@ fn log_is_plain_and_names_the_bound_port() {
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("run daemon");
-    let mut text = String::new();
-    let up = pgio_testkit::wait_until(
-        std::time::Duration::from_secs(20),
-        std::time::Duration::from_millis(100),
-        || {
-            text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.contains("serving /metrics")
-        },
-    );
+    let (up, text) = wait_serving(&log);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
@@ -300,15 +306,7 @@ fn default_listener_serves_ipv4_and_ipv6() {
         .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("run daemon");
-    let mut text = String::new();
-    let up = pgio_testkit::wait_until(
-        std::time::Duration::from_secs(20),
-        std::time::Duration::from_millis(100),
-        || {
-            text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.contains("serving /metrics")
-        },
-    );
+    let (up, text) = wait_serving(&log);
     let port: u16 = text
         .lines()
         .find(|l| l.contains("serving /metrics"))

@@ -19,8 +19,9 @@ use pgio_testkit::daemonset::{self, Manifest, Node, PodmanRun};
 use pgio_testkit::kubepods::{self, Driver, PodCgroup, PodLogs};
 use pgio_testkit::podman::{self, Container};
 use pgio_testkit::{
-    DiskStats, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions, REQUIRE_ROOT_ENV, TempDir,
-    daemon::free_port, diskstats, metrics::http_get, scrape, temp_dir, wait_until,
+    DiskStats, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession,
+    REQUIRE_ROOT_ENV, TempDir, daemon::free_port, diskstats, metrics::http_get, scrape, temp_dir,
+    wait_until,
 };
 
 /// Statements the session runs under pgio in the container.
@@ -230,6 +231,20 @@ impl Pgio {
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("{device} never went quiet, with no process held provisional, for a scrape");
+    }
+
+    /// The queries pgio counts on `backend` while `session` runs QUERIES statements.
+    fn queries_of(&self, session: &mut PsqlSession, backend: &[(&str, &str)]) -> f64 {
+        let queries = |m: &Metrics| m.sum("pgio_query_seconds_count", backend);
+        let before = self.scrape();
+        for _ in 0..QUERIES {
+            session.send("SELECT 1;").expect("send");
+        }
+        wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+            queries(&self.scrape()) - queries(&before) >= QUERIES as f64
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        queries(&self.scrape()) - queries(&before)
     }
 
     fn wait_tracked(&self, labels: &[(&str, &str)]) -> bool {
@@ -474,16 +489,7 @@ fn daemonset_security_context_in_podman() {
     );
     // Query metrics with the DaemonSet's capabilities (tracepoints on the client socket, no
     // uprobe): the session, connected before pgio started, runs QUERIES statements.
-    let queries = |m: &Metrics| m.sum("pgio_query_seconds_count", &backend);
-    let before = full.scrape();
-    for _ in 0..QUERIES {
-        session.send("SELECT 1;").expect("send");
-    }
-    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        queries(&full.scrape()) - queries(&before) >= QUERIES as f64
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let got = queries(&full.scrape()) - queries(&before);
+    let got = full.queries_of(&mut session, &backend);
     eprintln!("queries: {QUERIES} statements, pgio {got}");
     assert_eq!(
         got,
@@ -520,15 +526,7 @@ fn daemonset_security_context_in_podman() {
         "client backend not tracked as {backend:?} under the Localhost profile:\n{}",
         confined.container.logs()
     );
-    let before = confined.scrape();
-    for _ in 0..QUERIES {
-        session.send("SELECT 1;").expect("send");
-    }
-    wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        queries(&confined.scrape()) - queries(&before) >= QUERIES as f64
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let got = queries(&confined.scrape()) - queries(&before);
+    let got = confined.queries_of(&mut session, &backend);
     let code = confined
         .container
         .stop(Duration::from_secs(20))
