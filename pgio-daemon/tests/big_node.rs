@@ -48,15 +48,7 @@ fn daemonset_memory_limit() -> u64 {
 
 /// The running kernel is at least `major.minor`.
 fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release.trim().split(['.', '-']);
-    let mut next = || {
-        parts
-            .next()
-            .and_then(|p| p.parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    (next(), next()) >= (major, minor)
+    pgio_testkit::kernel_version() >= (major, minor)
 }
 
 /// utime + stime of `pid`, in seconds.

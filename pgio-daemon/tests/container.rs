@@ -293,15 +293,6 @@ fn under_strict_localhost_profile(run: &PodmanRun, dir: &Path) -> PodmanRun {
     out
 }
 
-fn kernel_version() -> (u32, u32) {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut it = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|n| n.parse().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0))
-}
-
 #[test]
 fn daemonset_security_context_in_podman() {
     if !can_run() {
@@ -548,7 +539,7 @@ fn daemonset_security_context_in_podman() {
     drop(confined);
 
     // 3. Each capability the DaemonSet adds, taken away: what it is for.
-    let (major, minor) = kernel_version();
+    let (major, minor) = pgio_testkit::kernel_version();
     for cap in run.cap_add.clone() {
         let name = format!("pgio-container-test-{id}-no-{}", cap.to_lowercase());
         let reduced = without_cap(&run, &cap);

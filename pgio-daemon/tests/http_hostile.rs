@@ -313,13 +313,7 @@ fn healthz_fails_when_pgio_is_out_of_file_descriptors() {
 /// kernel wants it for uprobes (6.16 and its stable backports, deploy/CAPABILITIES.md).
 fn expected_caps() -> u64 {
     let mut caps = 1 << 2 | 1 << 19 | 1 << 38 | 1 << 39;
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut v = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
-    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
-    if (major, minor) >= (6, 16) {
+    if pgio_testkit::kernel_version() >= (6, 16) {
         caps |= 1 << 21;
     }
     caps

@@ -480,18 +480,15 @@ fn assert_socket_path(d: &Daemon, config: &str) {
     for p in ["sys_exit_recvfrom", "sys_exit_sendto"] {
         assert_eq!(attached(p), 1.0, "{p} attached");
     }
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut v = release
-        .split(['.', '-'])
-        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let kernel = pgio_testkit::kernel_version();
     let regs = cfg!(target_arch = "x86_64")
-        && (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (5, 15)
+        && kernel >= (5, 15)
         && !config.contains("query_args_at_entry = true");
     for p in ["sys_enter_recvfrom", "sys_enter_sendto"] {
         assert_eq!(
             attached(p),
             if regs { 0.0 } else { 1.0 },
-            "{p} attached on {release} with {config:?}"
+            "{p} attached on kernel {kernel:?} with {config:?}"
         );
     }
 }

@@ -59,6 +59,16 @@ pub fn emulated() -> Option<String> {
     std::env::var(EMULATED_ENV).ok().filter(|v| !v.is_empty())
 }
 
+/// The running kernel's (major, minor) from `/proc/sys/kernel/osrelease`; (0, 0) if unreadable.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse().unwrap_or(0));
+    (v.next().unwrap_or(0), v.next().unwrap_or(0))
+}
+
 /// True if the test may run (effective uid 0). Otherwise panics when
 /// `PGIO_REQUIRE_ROOT_TESTS` is set, or prints a skip reason and returns false.
 pub fn require_root(test_name: &str) -> bool {
