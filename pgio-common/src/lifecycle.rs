@@ -31,8 +31,18 @@ pub const TITLE_BUDGET_ENTRIES: u32 = 16_384;
 /// 63-byte names fits.
 pub const TITLE_MAX: usize = 256;
 
+/// The lifecycle ring's size. Between two drains it holds a burst of new backends: each sends
+/// a fork (24 bytes with the ring's header), a title (~70) and maybe an exec (24); 1 MiB is
+/// ~9,000 of them (`tests/lifecycle_burst.rs` forks 4,000 at once).
+pub const LIFECYCLE_RING_BYTES: u32 = 1 << 20;
+
+/// Bytes of a [`TitleEvent`] before its title: a title event on the ring is this many bytes
+/// plus `len`.
+pub const TITLE_HEAD: usize = 16;
+
 /// Sent from the return of PostgreSQL's `init_ps_display` (a uretprobe) for provisional
-/// processes. Shares the lifecycle ring buffer, so it arrives before the process' exit.
+/// processes. Shares the lifecycle ring buffer, so it arrives before the process' exit. Only
+/// its first `TITLE_HEAD + len` bytes are sent.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct TitleEvent {
@@ -60,5 +70,6 @@ pub struct LifecycleEvent {
 }
 
 crate::abi_size!(TitleEvent, 272, 4);
+const _: () = assert!(core::mem::offset_of!(TitleEvent, title) == TITLE_HEAD);
 crate::abi_size!(LifecycleEvent, 16, 4);
 crate::abi_pod!(LifecycleEvent);

@@ -20,6 +20,7 @@ pub mod exposition;
 pub mod families;
 pub mod family;
 pub mod health;
+pub mod heap;
 pub mod hist;
 pub mod http;
 pub mod http_server;

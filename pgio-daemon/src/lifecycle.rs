@@ -19,7 +19,7 @@ use aya::{
         uprobe::{UProbeLinkId, UProbeScope},
     },
 };
-use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind, TitleEvent};
+use pgio_common::lifecycle::{LifecycleEvent, LifecycleKind, TITLE_HEAD};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -83,16 +83,17 @@ pub fn drain(ring: &mut RingBuf<MapData>) -> Vec<Event> {
         let kind = item
             .get(..4)
             .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-        if kind == Some(LifecycleKind::Titled as u32)
-            && item.len() >= std::mem::size_of::<TitleEvent>()
-        {
-            // SAFETY: the kernel wrote a TitleEvent (repr(C), integers and bytes); unaligned read.
-            let ev = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const TitleEvent) };
-            let len = (ev.len as usize).min(ev.title.len());
-            let bytes = &ev.title[..len];
+        if kind == Some(LifecycleKind::Titled as u32) && item.len() > TITLE_HEAD {
+            // Only the title's bytes were sent (`TITLE_HEAD` + its `len`).
+            let word = |at: usize| {
+                u32::from_ne_bytes([item[at], item[at + 1], item[at + 2], item[at + 3]])
+            };
+            let (pid, len) = (word(4), word(8) as usize);
+            let title = &item[TITLE_HEAD..];
+            let bytes = &title[..len.min(title.len())];
             let bytes = bytes.split(|&b| b == 0).next().unwrap_or_default();
             out.push(Event::Titled {
-                pid: ev.pid,
+                pid,
                 title: String::from_utf8_lossy(bytes).into_owned(),
             });
         } else if item.len() >= std::mem::size_of::<LifecycleEvent>() {

@@ -251,7 +251,21 @@ pub async fn serve(started: Started) -> Result<()> {
         .name("map-passes".into())
         .spawn(move || every_second(&passes, &key_quota))
         .context("starting the map-passes thread (provisional folds, map shares)")?;
-    let discovery_task = tokio::spawn(discovery.run(ring, config.rescan_interval()));
+    // Its own thread: a rescan of thousands of processes runs for a while without yielding,
+    // and on a runtime worker it would hold back the scrapes queued on that worker.
+    let (discovery_done, discovery_task) = tokio::sync::oneshot::channel();
+    let rescan_every = config.rescan_interval();
+    std::thread::Builder::new()
+        .name("discovery".into())
+        .spawn(move || {
+            let r = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the discovery thread's runtime")
+                .and_then(|rt| rt.block_on(discovery.run(ring, rescan_every)));
+            let _ = discovery_done.send(r);
+        })
+        .context("starting the discovery thread")?;
 
     // The bound address: with port 0 the kernel picked one.
     let bound = listener.local_addr().context("listening socket")?;
@@ -283,7 +297,7 @@ pub async fn serve(started: Started) -> Result<()> {
     tokio::select! {
         () = server => {}
         r = discovery_task => {
-            r.context("discovery task panicked")?.context("discovery")?;
+            r.context("the discovery thread panicked")?.context("discovery")?;
         }
     }
     drop(ebpf);
@@ -308,7 +322,10 @@ pub async fn shutdown_signal() {
 
 /// The map pass (`Collector::pass`), then the map shares' balance, once a second.
 fn every_second(collector: &Collector, key_quota: &KeyQuota) {
-    loop {
+    for second in 0u64.. {
+        if second % TRIM_EVERY_SECS == 0 {
+            crate::heap::trim();
+        }
         std::thread::sleep(Duration::from_secs(1));
         collector.pass(|| {
             if let Err(e) = key_quota.balance() {
@@ -317,3 +334,7 @@ fn every_second(collector: &Collector, key_quota: &KeyQuota) {
         });
     }
 }
+
+/// How often malloc's free memory goes back to the kernel (see `heap`); the first time right
+/// after start-up.
+const TRIM_EVERY_SECS: u64 = 10;

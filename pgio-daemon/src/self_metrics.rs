@@ -16,6 +16,7 @@ use pgio_common::drops::{DROP_REASONS, DropReason};
 use crate::{
     collector::{Scrape, Snapshot, Source},
     exposition::{Encoder, Kind, MetricFamily},
+    heap::Heap,
     lifecycle::{PostgresBinaries, PostgresProbeStats},
     maps::take_map,
     probes::{DROPS_MAP, ProbeStatus},
@@ -91,6 +92,7 @@ impl Source for SelfMetrics {
             drops,
             programs,
             postgres_binaries: self.postgres_probes.read(),
+            heap: Heap::read(),
         })
     }
 }
@@ -101,6 +103,7 @@ pub struct SelfSnapshot {
     pub drops: [u64; DROP_REASONS],
     pub programs: Vec<(String, ProgramStats)>,
     pub postgres_binaries: PostgresBinaries,
+    pub heap: Option<Heap>,
 }
 
 static PROBE_ATTACHED: MetricFamily = MetricFamily {
@@ -161,6 +164,9 @@ impl Snapshot for SelfSnapshot {
             f.counter(program(name), s.recursion_misses);
         }
         self.postgres_binaries.encode(enc);
+        if let Some(heap) = &self.heap {
+            heap.encode(enc);
+        }
         enc.family(&BUILD_INFO)
             .gauge([("version", env!("CARGO_PKG_VERSION"))], 1);
     }

@@ -17,6 +17,7 @@ use pgio_daemon::{
     device_info::DeviceInfo,
     devices::Devices,
     exposition::{Encoder, Format},
+    heap::Heap,
     hist::Log2Hist,
     http_server::HttpSnapshot,
     key_quota::{KeyQuotaSnapshot, MapStats},
@@ -339,6 +340,11 @@ fn golden_readings() -> Readings {
             refused: 3,
             detached: 4,
         },
+        heap: Some(Heap {
+            in_use: 2 << 20,
+            free: 5 << 20,
+            mmapped: 0,
+        }),
         drops: [1, 0, 2, 0, 5, 0, 0, 0, 0],
         programs: vec![
             (
@@ -379,7 +385,7 @@ fn families(text: &str) -> Vec<String> {
 }
 
 /// Families newer than `golden/`, with their last sample in `golden_readings`.
-const NEWER_FAMILIES: [(&str, &str); 11] = [
+const NEWER_FAMILIES: [(&str, &str); 12] = [
     ("pgio_provisional_processes", "pgio_provisional_processes 1"),
     (
         "pgio_series_refused",
@@ -412,6 +418,7 @@ const NEWER_FAMILIES: [(&str, &str); 11] = [
         "pgio_postgres_binaries_detached",
         "pgio_postgres_binaries_detached_total 4",
     ),
+    ("pgio_heap_bytes", r#"pgio_heap_bytes{state="mmapped"} 0"#),
 ];
 
 #[test]

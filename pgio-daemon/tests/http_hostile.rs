@@ -5,7 +5,8 @@
 //!   answers during the flood; SIGTERM does not wait for stalled clients;
 //! - an idle keep-alive connection outlives the header time-out and is closed after
 //!   `http_idle_timeout_secs`;
-//! - /healthz says 503 with the reason when pgio is out of file descriptors;
+//! - /healthz says 503 with the reason when pgio is out of file descriptors, and 200 while an
+//!   attacker holds more connections than pgio may have fds (the cap keeps pgio's bounded);
 //! - after start, every thread of the daemon holds exactly the capabilities it still needs,
 //!   and a PostgreSQL started afterwards still gets its uprobe and its labels.
 mod common;
@@ -16,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use common::Daemon;
 use pgio_testkit::{
-    PgCluster, PgOptions, metrics::http_get, pg_bin_dir, require_root, temp_dir, wait_until,
+    PgCluster, PgOptions,
+    fake::{Fake, compile},
+    metrics::http_get,
+    pg_bin_dir, require_root, temp_dir, wait_until,
 };
 
 /// Sockets among the daemon's fds (uprobe links of other tests' binaries come and go).
@@ -251,20 +255,7 @@ fn healthz_on(s: &mut TcpStream) -> (String, String) {
 }
 
 fn set_nofile(pid: u32, soft: u64) -> u64 {
-    let mut old = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: reading our child's limit.
-    let r = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            std::ptr::null(),
-            &mut old,
-        )
-    };
-    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let old = nofile(pid);
     let new = libc::rlimit {
         rlim_cur: soft,
         rlim_max: old.rlim_max,
@@ -280,6 +271,25 @@ fn set_nofile(pid: u32, soft: u64) -> u64 {
     };
     assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
     old.rlim_cur
+}
+
+/// RLIMIT_NOFILE of `pid` (0: this process).
+fn nofile(pid: u32) -> libc::rlimit {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reading our child's limit.
+    let r = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            std::ptr::null(),
+            &mut old,
+        )
+    };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    old
 }
 
 #[test]
@@ -306,6 +316,105 @@ fn healthz_fails_when_pgio_is_out_of_file_descriptors() {
     assert_eq!(body.lines().count(), 1, "{body:?}");
     let (status, body) = healthz_on(&mut s);
     assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+    daemon.stop().expect("stop");
+}
+
+/// pgio's own fd limit on this host (the hard limit it raises its soft limit to): an attacker
+/// must hold more connections than this to exhaust pgio's fds through HTTP.
+const PGIO_NOFILE: u64 = 20_000;
+const HTTP_CAP: usize = 128;
+/// Attacker processes sharing the connections.
+const HOLDERS: usize = 2;
+
+/// More connections than pgio may have file descriptors, held by attackers as `nobody` (one
+/// process may not hold that many either): the connection cap closes all but `HTTP_CAP` of
+/// them, so pgio's sockets stay bounded, /healthz on a new connection answers 200 during the
+/// flood, and every socket is given back once the attackers let go.
+#[test]
+fn healthz_answers_while_connections_outnumber_pgio_fds() {
+    if !require_root("healthz_answers_while_connections_outnumber_pgio_fds") {
+        return;
+    }
+    let attackers = PGIO_NOFILE as usize + 1_000;
+    let tmp = temp_dir().expect("temp dir");
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod temp dir");
+    let holder = compile(tmp.path(), "holder").expect("cc");
+
+    let daemon =
+        Daemon::with_config(&format!("http_max_connections = {HTTP_CAP}\n")).expect("daemon");
+    let pid = daemon.0.pid();
+    set_nofile(pid, PGIO_NOFILE);
+    let addr = addr(&daemon);
+    let before = sockets(pid);
+
+    let start = Instant::now();
+    let each = (attackers / HOLDERS + 1).to_string();
+    let mut holders: Vec<Fake> = (0..HOLDERS)
+        .map(|_| {
+            Fake::start(
+                &holder,
+                "holder",
+                &[],
+                tmp.path(),
+                &[("FAKE_CONNECT", &addr), ("FAKE_CONNECTIONS", &each)],
+            )
+            .expect("attacker")
+        })
+        .collect();
+    let held: usize = holders
+        .iter_mut()
+        .map(|h| h.line().expect("count").parse::<usize>().expect("a count"))
+        .sum();
+    let opened = start.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = sockets(pid);
+    let t = Instant::now();
+    let mut s = TcpStream::connect(&addr).expect("connect for /healthz");
+    let (status, body) = healthz_on(&mut s);
+    let healthz_time = t.elapsed();
+    drop(s);
+    let m = daemon.scrape();
+    let closed = m.sum(
+        "pgio_http_connections_closed_total",
+        &[("reason", "evicted")],
+    ) + m.sum("pgio_http_connections_rejected_total", &[]);
+    eprintln!(
+        "{held} connections established by {HOLDERS} attackers in {opened:?} (pgio's limit \
+         {PGIO_NOFILE} fds); pgio's sockets {before} before, {during} during; /healthz \
+         {status:?} in {healthz_time:?}; {closed} evicted or refused"
+    );
+    assert!(
+        held > PGIO_NOFILE as usize,
+        "only {held} connections established: not more than pgio's {PGIO_NOFILE} fds"
+    );
+    assert!(
+        during <= before + HTTP_CAP + 1,
+        "{during} sockets during the flood (cap {HTTP_CAP}, {before} before)"
+    );
+    assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+    assert_eq!(body, "ok\n");
+    assert!(healthz_time < Duration::from_secs(2), "{healthz_time:?}");
+    assert!(
+        closed >= (held - HTTP_CAP) as f64,
+        "{closed} connections evicted or refused of {} past the cap",
+        held - HTTP_CAP
+    );
+
+    for h in &mut holders {
+        h.end();
+    }
+    let back = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+        sockets(pid) <= before
+    });
+    let after = sockets(pid);
+    assert!(
+        back,
+        "pgio holds {after} sockets after the flood, {before} before"
+    );
     daemon.stop().expect("stop");
 }
 

@@ -1,10 +1,13 @@
 //! Issue 15's row "124,000 execs push series ids past 65,536": ids were never reused, the
 //! kernel's `CHILD_SERIES` write failed silently past its size, and later real backends were
 //! booked as `postmaster` and `starting`. Scaled down: with `max_series = 56`, a made-up
-//! cluster (as nobody) churns two rounds of 36 client backends of new databases, more label
-//! sets than the cap, each round retired before the next. Then:
-//! - ids were given out again (series retired + held > the cap) and none was refused;
+//! cluster (as nobody) churns rounds of client backends of new databases, each round filling
+//! the registry up to the cap and retired before the next. Then:
+//! - ids were given out again (series retired + held > the cap) and none was refused while
+//!   each round fit;
 //! - each round's series hold exactly its own reads (a reused id carries nothing over);
+//! - a last round with 5 backends more than the room: the registry stops at the cap, each
+//!   label set refused is one backend whose reads are on the overflow series, none lost;
 //! - a root reader started afterwards gets its exact `pread64` count, and a new session of the
 //!   real PostgreSQL is a `client backend`, not `starting`;
 //! - `pgio_kernel_map_errors_total` stays 0.
@@ -21,7 +24,13 @@ use pgio_testkit::{
 };
 
 const MAX_SERIES: usize = 56;
-const BACKENDS: usize = 36;
+/// Rounds that fit; one more goes past the cap by one.
+const ROUNDS: usize = 3;
+/// Backends the last round has beyond the room it finds.
+const PAST_CAP: usize = 5;
+/// Series a made-up cluster needs besides its backends': its postmaster's and the one its
+/// children start in.
+const CLUSTER_SERIES: usize = 2;
 const FAKE_READS: usize = 5;
 const READS: u64 = 1_000;
 
@@ -64,7 +73,14 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
     daemon.wait_tracked("postgres", "checkpointer");
     let start = daemon.scrape();
 
-    for round in 1..=2 {
+    for round in 1..=ROUNDS + 1 {
+        let past_cap = round > ROUNDS;
+        let at_start = daemon.scrape();
+        // Each round takes the registry up to its cap; the last one goes past it.
+        let held_now = at_start.sum("pgio_series", &[]) as usize;
+        let room = MAX_SERIES - held_now - CLUSTER_SERIES;
+        let backends = room + if past_cap { PAST_CAP } else { 0 };
+        let refused_before = at_start.sum("pgio_series_refused_total", &[]);
         let title = format!("postgres: mallory r{round}db%d [local] idle");
         let mut flood = Fake::start(
             &attacker.bin("postgres"),
@@ -74,28 +90,66 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
             &[
                 ("FAKE_FILE", attacker.file.to_str().expect("path")),
                 ("FAKE_READS", &FAKE_READS.to_string()),
-                ("FAKE_CHILDREN", &BACKENDS.to_string()),
+                ("FAKE_CHILDREN", &backends.to_string()),
                 ("FAKE_TITLE", &title),
             ],
         )
         .expect("flood");
-        flood.wait_done(BACKENDS).expect("the backends' reads");
-        let want = (BACKENDS * FAKE_READS) as f64;
+        flood.wait_done(backends).expect("the backends' reads");
+        let overflow = [
+            ("app", "postgres"),
+            ("role", "overflow"),
+            ("syscall", "pread64"),
+        ];
+        let overflow_before = at_start.sum("pgio_syscall_seconds_count", &overflow);
+        let made = (backends * FAKE_READS) as f64;
         let counted = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
-            round_reads(&daemon.scrape(), &fake_cluster, round) >= want
+            let m = daemon.scrape();
+            round_reads(&m, &fake_cluster, round) + m.sum("pgio_syscall_seconds_count", &overflow)
+                - overflow_before
+                >= made
         });
-        let got = round_reads(&daemon.scrape(), &fake_cluster, round);
-        assert!(
-            counted && got == want,
-            "round {round}: {got} reads, made {want}; label sets refused {}",
-            daemon.scrape().sum("pgio_series_refused_total", &[])
+        let m = daemon.scrape();
+        let got = round_reads(&m, &fake_cluster, round);
+        let got_overflow = m.sum("pgio_syscall_seconds_count", &overflow) - overflow_before;
+        let refused = m.sum("pgio_series_refused_total", &[]) - refused_before;
+        let held = m.sum("pgio_series", &[]);
+        eprintln!(
+            "round {round}: {held_now} series held before, {backends} backends, {held} held, \
+             {got} reads on their own series, {got_overflow} on overflow, {refused} refused"
         );
+        assert!(
+            counted && got + got_overflow == made,
+            "round {round}: {got} reads on the round's series + {got_overflow} on overflow, \
+             made {made}"
+        );
+        // Each label set refused is one backend on the overflow series, with its reads.
+        assert_eq!(
+            got_overflow,
+            refused * FAKE_READS as f64,
+            "round {round}: reads on overflow against label sets refused"
+        );
+        assert!(
+            held <= (MAX_SERIES + 1) as f64,
+            "round {round}: {held} series held, cap {MAX_SERIES} (+ the overflow series)"
+        );
+        if past_cap {
+            assert!(
+                refused >= 1.0 && refused <= PAST_CAP as f64,
+                "round {round} ({backends} backends, room for {room}): {refused} refused"
+            );
+        } else {
+            assert_eq!(
+                refused, 0.0,
+                "round {round} ({backends} backends, room for {room}): label sets refused"
+            );
+        }
         flood.end();
         // Retired once the backends' 30 s provisional grace and the 1 s retention are over.
         let retired = wait_until(Duration::from_secs(60), Duration::from_millis(500), || {
             let m = daemon.scrape();
             m.sum("pgio_series_retired_total", &[])
-                >= start.sum("pgio_series_retired_total", &[]) + (round * BACKENDS) as f64
+                >= at_start.sum("pgio_series_retired_total", &[]) + (backends as f64 - refused)
         });
         assert!(
             retired,
@@ -105,7 +159,8 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
         // given out again. The next round's label sets need them.
         let held = |m: &Metrics| m.sum("pgio_series", &[]);
         let freed = wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
-            held(&daemon.scrape()) <= held(&start) + 2.0
+            // The overflow series may outlive its one process by the retention.
+            held(&daemon.scrape()) <= held(&start) + (CLUSTER_SERIES + usize::from(past_cap)) as f64
         });
         assert!(
             freed,
@@ -149,7 +204,12 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
         series + retired > MAX_SERIES as f64,
         "no id given out twice: {series} held + {retired} retired, cap {MAX_SERIES}"
     );
-    assert_eq!(refused, 0.0, "label sets refused: the ids were not freed");
+    // The last round's backends past the cap, and its cluster's own label sets when they came
+    // after the backends had filled it.
+    assert!(
+        refused >= 1.0 && refused <= (PAST_CAP + CLUSTER_SERIES) as f64,
+        "label sets refused: {refused}, only the last round's past the cap may be"
+    );
     assert_eq!(reads, READS as f64, "the reader's pread64s on a reused id");
     assert!(
         tracked,

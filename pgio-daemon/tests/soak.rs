@@ -19,6 +19,8 @@ fn soak_short() {
         sample_every: Duration::from_secs(10),
         daemon_bin: PathBuf::from(env!("CARGO_BIN_EXE_pgio-daemon")),
         port: 56_430,
+        held_backends: 2_000,
+        scrape_p99: Duration::from_millis(100),
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("{}", report.table());

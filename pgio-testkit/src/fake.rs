@@ -16,10 +16,14 @@ pub const NOBODY: u32 = 65_534;
 /// writes `FAKE_TITLE` (with its index for `%d`) over the command line like Postgres, and does
 /// the same without waiting for the byte; the parent waits for stdin to close. `FAKE_SPREAD`
 /// rounds of futex waits timing out after 2^10 … 2^30 ns come first: 21 latency slots, so 21
-/// histogram keys per series (2.1 s a round).
+/// histogram keys per series (2.1 s a round). `FAKE_CONNECT` (`a.b.c.d:port`) with
+/// `FAKE_CONNECTIONS` set: opens that many TCP connections there and holds them, prints how
+/// many it opened, then waits for stdin to close.
 pub const FAKE_C: &str = r#"
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <stdio.h>
@@ -54,7 +58,29 @@ static void wait_eof(void) {
     while (read(0, &c, 1) > 0) {}
 }
 
+static void hold_connections(const char *to, long n) {
+    char ip[64];
+    int port = 0;
+    if (sscanf(to, "%63[^:]:%d", ip, &port) != 2) exit(2);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+    if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) exit(2);
+    long held = 0;
+    for (long i = 0; i < n; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) break;
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) held++;
+        else close(fd);
+    }
+    printf("%ld\n", held);
+    fflush(stdout);
+    wait_eof();
+}
+
 int main(int argc, char **argv) {
+    if (getenv("FAKE_CONNECT") && getenv("FAKE_CONNECTIONS")) {
+        hold_connections(getenv("FAKE_CONNECT"), atol(getenv("FAKE_CONNECTIONS")));
+        return 0;
+    }
     const char *children = getenv("FAKE_CHILDREN");
     if (!children) {
         char c;
@@ -202,6 +228,15 @@ impl Fake {
             ensure!(line == "done\n", "fake said {line:?}, not done");
         }
         Ok(())
+    }
+
+    /// The next line it prints.
+    pub fn line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .context("reading its output")?;
+        Ok(line.trim_end().to_owned())
     }
 
     /// Closes its stdin and waits for it (its children end with it).

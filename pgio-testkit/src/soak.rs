@@ -7,7 +7,12 @@
 //! - a made-up cluster whose `global/pg_filenode.map` is a FIFO and whose `global/1260` is a
 //!   symlink to /etc/shadow, with a backend whose names contain spaces (catalogs are read);
 //! - a `longhorn` with a 100 KB argv;
-//! - 50 HTTP connections that send half a request line, opened anew each round.
+//! - 50 HTTP connections that send half a request line, opened anew each round;
+//! - a made-up cluster of `held_backends` client backends (2,000 in `cargo xtask soak`), forked
+//!   at once and held for the whole run: most of them on the overflow series.
+//!
+//! A scraper scrapes `/metrics` every second for the whole run; the report gives its
+//! latency's p50, p99 and maximum, and the run fails when p99 is over `scrape_p99`.
 //!
 //! pgio's RSS, fds, series, histogram map keys, tracked processes and dropped events are
 //! sampled every `sample_every`. After the first third (warm-up) they must be flat: RSS drift
@@ -18,6 +23,10 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -34,6 +43,10 @@ pub struct SoakOptions {
     /// The pgio-daemon binary (with its eBPF object).
     pub daemon_bin: PathBuf,
     pub port: u16,
+    /// Client backends of the held made-up cluster.
+    pub held_backends: usize,
+    /// The bar for the scrape latency's 99th percentile.
+    pub scrape_p99: Duration,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -53,37 +66,83 @@ pub struct SoakSample {
     pub exits_missed: f64,
     pub scrape_ms: u128,
     pub exposition_bytes: usize,
+    /// pgio's heap in use and free (`pgio_heap_bytes`), KiB.
+    pub heap_used_kib: u64,
+    pub heap_free_kib: u64,
+    pub ring_full: f64,
+    /// CPU seconds pgio used so far.
+    pub cpu_secs: f64,
+}
+
+/// Latencies of the once-a-second scrapes.
+#[derive(Clone, Debug, Default)]
+pub struct ScrapeLatencies(pub Vec<Duration>);
+
+impl ScrapeLatencies {
+    /// The `q` quantile (nearest rank), zero without scrapes.
+    pub fn quantile(&self, q: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort_unstable();
+        if v.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        v[rank - 1]
+    }
+
+    pub fn summary(&self) -> String {
+        let over = self.0.iter().filter(|d| d.as_millis() > 100).count();
+        format!(
+            "scrapes: {} (one a second), p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {over} over 100 ms",
+            self.0.len(),
+            ms(self.quantile(0.5)),
+            ms(self.quantile(0.9)),
+            ms(self.quantile(0.99)),
+            ms(self.quantile(1.0)),
+        )
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 pub struct SoakReport {
     pub samples: Vec<SoakSample>,
+    pub scrapes: ScrapeLatencies,
     pub pgbench: String,
 }
 
 impl SoakReport {
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "    s   RSS KiB   fds   series  retired  refused  tracked  dropped  map keys  over share  missed  scrape ms   bytes\n",
+            "    s   RSS KiB  heap used  heap free   fds   series  retired  refused  tracked  dropped  ring full  map keys  over share  missed  scrape ms   bytes  CPU s\n",
         );
         for s in &self.samples {
             let _ = writeln!(
                 out,
-                "{:>5} {:>9} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>11} {:>7} {:>10} {:>7}",
+                "{:>5} {:>9} {:>10} {:>10} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>11} {:>7} {:>10} {:>7} {:>6.1}",
                 s.secs,
                 s.rss_kib,
+                s.heap_used_kib,
+                s.heap_free_kib,
                 s.fds,
                 s.series,
                 s.retired,
                 s.refused,
                 s.tracked,
                 s.dropped,
+                s.ring_full,
                 s.map_entries,
                 s.over_share,
                 s.exits_missed,
                 s.scrape_ms,
-                s.exposition_bytes
+                s.exposition_bytes,
+                s.cpu_secs
             );
         }
+        out.push_str(&self.scrapes.summary());
+        out.push('\n');
         out
     }
 }
@@ -114,6 +173,40 @@ fn kib_field(path: &str, field: &str) -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// CPU seconds (user + system) `pid` has used.
+fn cpu_secs(pid: u32) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / hz)
+        })
+        .unwrap_or(0.0)
+}
+
+/// Scrapes `url` once a second until `stop`, timing each.
+fn scrape_every_second(
+    url: String,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<ScrapeLatencies> {
+    std::thread::spawn(move || {
+        let mut took = ScrapeLatencies::default();
+        while !stop.load(Ordering::Relaxed) {
+            let t0 = Instant::now();
+            if crate::metrics::http_get(&url, Duration::from_secs(10)).is_ok() {
+                took.0.push(t0.elapsed());
+            } else {
+                took.0.push(Duration::from_secs(10));
+            }
+            std::thread::sleep(Duration::from_secs(1).saturating_sub(t0.elapsed()));
+        }
+        took
+    })
 }
 
 fn fds(pid: u32) -> usize {
@@ -162,7 +255,8 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
     let flood_dir = fakes.join("flood");
     let fifo_dir = fakes.join("fifo");
     let link_dir = fakes.join("links");
-    for d in [&flood_dir, &fifo_dir, &link_dir] {
+    let held_dir = fakes.join("held");
+    for d in [&flood_dir, &fifo_dir, &link_dir, &held_dir] {
         fake_data_dir(d)?;
     }
     let fifo = fifo_dir.join("global/pg_filenode.map");
@@ -226,6 +320,22 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
     };
     let mut fifo_backend = catalog_reader(&fifo_dir)?;
     let mut link_backend = catalog_reader(&link_dir)?;
+    let held_n = opts.held_backends.to_string();
+    let mut held = Fake::start(
+        &postgres,
+        "postgres",
+        &["-D", "held"],
+        &held_dir,
+        &[
+            ("FAKE_FILE", &file),
+            ("FAKE_READS", "1"),
+            ("FAKE_CHILDREN", &held_n),
+            ("FAKE_TITLE", "postgres: eve held%d [local] idle"),
+        ],
+    )?;
+    held.wait_done(opts.held_backends)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraper = scrape_every_second(format!("{url}/metrics"), stop.clone());
     let impostor_title = format!("postgres: {cluster}: postgres postgres [local] idle");
     let mut failures = Vec::new();
     let mut slow: Vec<TcpStream> = Vec::new();
@@ -312,9 +422,21 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
             exits_missed: m.sum("pgio_exits_missed_total", &[]),
             scrape_ms,
             exposition_bytes: text.len(),
+            heap_used_kib: m.sum("pgio_heap_bytes", &[("state", "in_use")]) as u64 / 1024,
+            heap_free_kib: m.sum("pgio_heap_bytes", &[("state", "free")]) as u64 / 1024,
+            ring_full: m.sum(
+                "pgio_events_dropped_total",
+                &[("reason", "lifecycle_ring_full")],
+            ),
+            cpu_secs: cpu_secs(pid),
         });
     }
+    stop.store(true, Ordering::Relaxed);
+    let scrapes = scraper
+        .join()
+        .map_err(|_| anyhow::anyhow!("the scraper thread panicked"))?;
     drop(slow);
+    held.end();
     if let Some(mut f) = last_flood.take() {
         f.end();
     }
@@ -323,7 +445,11 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
     link_backend.end();
     let out = bench.wait_with_output().context("pgbench")?;
     let pgbench = String::from_utf8_lossy(&out.stdout).into_owned();
-    let report = SoakReport { samples, pgbench };
+    let report = SoakReport {
+        samples,
+        scrapes,
+        pgbench,
+    };
     daemon.stop()?;
     pg.stop()?;
     if !out.status.success() {
@@ -341,6 +467,15 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         failures.push(format!("pgbench: {line}"));
     }
     failures.extend(judge(&report.samples));
+    let p99 = report.scrapes.quantile(0.99);
+    if p99 > opts.scrape_p99 {
+        failures.push(format!(
+            "scrape p99 {:.1} ms, over the bar of {:.0} ms ({})",
+            ms(p99),
+            ms(opts.scrape_p99),
+            report.scrapes.summary()
+        ));
+    }
     if failures.is_empty() {
         Ok(report)
     } else {

@@ -130,6 +130,8 @@ pub fn soak(root: &Path, skip_setup: bool, minutes: u64, sample_secs: u64) -> Re
         sample_every: Duration::from_secs(sample_secs.max(5)),
         daemon_bin: daemon_binary(root)?,
         port: 56_431,
+        held_backends: 4_000,
+        scrape_p99: Duration::from_millis(100),
     };
     step(format!(
         "soak: {minutes} min, a sample every {sample_secs} s"

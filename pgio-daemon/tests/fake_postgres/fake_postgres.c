@@ -4,7 +4,10 @@
  *   <bin> flood SECS CHILDREN  once a byte arrives on stdin, forks CHILDREN children one
  *                              after another; each calls init_ps_display in a loop for
  *                              SECS seconds; prints the calls
- *   <bin> churn COUNT          forks COUNT children that exit at once, one after another */
+ *   <bin> churn COUNT          forks COUNT children that exit at once, one after another
+ *   <bin> burst COUNT          once a byte arrives on stdin, forks COUNT children at once;
+ *                              each calls init_ps_display, then execs this binary to idle;
+ *                              prints COUNT, and ends them all when stdin closes */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +72,28 @@ int main(int argc, char **argv) {
             waitpid(pid, NULL, 0);
         }
         printf("%d\n", count);
+        return 0;
+    }
+    if (argc >= 3 && strcmp(argv[1], "burst") == 0) {
+        int count = atoi(argv[2]);
+        char go;
+        if (read(0, &go, 1) != 1) return 1;
+        for (int c = 0; c < count; c++) {
+            pid_t pid = fork();
+            if (pid < 0) return 1;
+            if (pid == 0) {
+                init_ps_display("postgres: burst");
+                execl("/proc/self/exe", argv[0], (char *)NULL);
+                _exit(1);
+            }
+        }
+        printf("%d\n", count);
+        fflush(stdout);
+        char buf[64];
+        while (read(0, buf, sizeof buf) > 0) {
+        }
+        while (wait(NULL) > 0) {
+        }
         return 0;
     }
     char buf[64];
