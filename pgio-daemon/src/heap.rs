@@ -72,6 +72,6 @@ impl Heap {
 
 static HEAP_BYTES: MetricFamily = MetricFamily {
     name: "pgio_heap_bytes",
-    help: "pgio's heap by malloc's count: in_use (allocated, not freed), free (freed, kept by malloc in its arenas), mmapped (large allocations on their own mappings). Absent where the allocator does not tell.",
+    help: "pgio's heap by malloc's count: in_use (allocated, not freed), free (freed and kept by malloc in its arenas; pgio returns its whole pages to the kernel every 10 s, so most of it is not resident), mmapped (large allocations on their own mappings). Absent where the allocator does not tell.",
     kind: Kind::Gauge,
 };
