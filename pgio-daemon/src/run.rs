@@ -178,7 +178,7 @@ pub fn start(
     if !web.is_plain() {
         collector.register(Box::new(WebSelfMetrics {
             http: http_stats.clone(),
-            tls: web.tls.is_some(),
+            certificate: web.certificate.clone(),
             auth: web.auth.clone(),
         }));
     }

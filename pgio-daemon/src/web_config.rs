@@ -9,15 +9,21 @@
 //!   client_ca_file: /etc/pgio/tls/ca.crt           # with a verifying client_auth_type
 //!   min_version: TLS12                               # optional: TLS12 (default) or TLS13
 //!   max_version: TLS13                               # optional
+//!   cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]  # optional, TLS 1.2 only
+//!   curve_preferences: [X25519, CurveP256]           # optional
+//! http_server_config: {http2: false}                 # optional; pgio is HTTP/1.1 only
 //! basic_auth_users:
 //!   prometheus: $2y$10$...                           # bcrypt hash
 //! ```
 //!
-//! Read once at start, as root and before capabilities are dropped: the key file may be
-//! readable by root only. Relative paths are relative to the web config file's directory.
+//! Read at start, as root: the key file may be readable by root only. The certificate and key
+//! are read again when their files change (`cert_reload`); the rest needs a restart. Relative
+//! paths are relative to the web config file's directory.
 //! Anything pgio does not do (other keys, TLS 1.0/1.1, client certificates without
-//! verification) is an error naming the file, not silently ignored.
+//! verification, HTTP/2, extra headers) is an error naming the file, not silently ignored.
 pub mod basic_auth;
+pub mod cert_reload;
+pub mod toolkit_keys;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -28,12 +34,13 @@ use std::{
 
 use rustls::{
     RootCertStore, ServerConfig, SupportedProtocolVersion,
-    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _},
+    pki_types::{CertificateDer, pem::PemObject as _},
     server::WebPkiClientVerifier,
 };
 use serde::Deserialize;
 
 pub use basic_auth::{BasicAuth, Verdict};
+pub use cert_reload::ReloadingCert;
 
 use crate::{
     collector::{Scrape, Snapshot, Source},
@@ -46,6 +53,8 @@ use crate::{
 #[derive(Debug, Default, Clone)]
 pub struct WebConfig {
     pub tls: Option<Arc<ServerConfig>>,
+    /// The certificate `tls` serves, read again when its files change.
+    pub certificate: Option<Arc<ReloadingCert>>,
     pub auth: Option<Arc<BasicAuth>>,
 }
 
@@ -61,6 +70,7 @@ pub struct WebConfigError {
 struct File {
     tls_server_config: Option<TlsFile>,
     basic_auth_users: Option<BTreeMap<String, String>>,
+    http_server_config: Option<toolkit_keys::HttpServerConfig>,
 }
 
 #[derive(Deserialize)]
@@ -72,6 +82,9 @@ struct TlsFile {
     client_ca_file: Option<PathBuf>,
     min_version: Option<String>,
     max_version: Option<String>,
+    cipher_suites: Option<Vec<String>>,
+    curve_preferences: Option<Vec<String>>,
+    prefer_server_cipher_suites: Option<bool>,
 }
 
 impl WebConfig {
@@ -87,18 +100,29 @@ impl WebConfig {
             return Ok(WebConfig::default());
         };
         let dir = path.parent().unwrap_or(Path::new("."));
-        let tls = file
-            .tls_server_config
-            .map(|t| tls_config(&t, dir).map(Arc::new))
-            .transpose()
-            .map_err(|m| fail(format!("tls_server_config: {m}")))?;
+        if let Some(h) = &file.http_server_config {
+            toolkit_keys::check_http_server_config(h, &text)
+                .map_err(|m| fail(format!("http_server_config: {m}")))?;
+        }
+        let (tls, certificate) = match file.tls_server_config {
+            Some(t) => {
+                let (config, cert) = tls_config(&t, dir, &text)
+                    .map_err(|m| fail(format!("tls_server_config: {m}")))?;
+                (Some(Arc::new(config)), Some(cert))
+            }
+            None => (None, None),
+        };
         let auth = match file.basic_auth_users {
             Some(users) if !users.is_empty() => Some(Arc::new(
                 basic_auth(users).map_err(|m| fail(format!("basic_auth_users: {m}")))?,
             )),
             _ => None,
         };
-        Ok(WebConfig { tls, auth })
+        Ok(WebConfig {
+            tls,
+            certificate,
+            auth,
+        })
     }
 
     pub fn is_plain(&self) -> bool {
@@ -128,8 +152,16 @@ fn version(name: &str, key: &str) -> Result<&'static SupportedProtocolVersion, S
     }
 }
 
-fn tls_config(t: &TlsFile, dir: &Path) -> Result<ServerConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+fn tls_config(
+    t: &TlsFile,
+    dir: &Path,
+    text: &str,
+) -> Result<(ServerConfig, Arc<ReloadingCert>), String> {
+    let provider = Arc::new(toolkit_keys::provider(
+        t.cipher_suites.as_deref(),
+        t.curve_preferences.as_deref(),
+        text,
+    )?);
     let all = [&rustls::version::TLS12, &rustls::version::TLS13];
     let min = t
         .min_version
@@ -205,30 +237,16 @@ fn tls_config(t: &TlsFile, dir: &Path) -> Result<ServerConfig, String> {
         None => builder.with_no_client_auth(),
     };
 
-    let cert_file = dir.join(&t.cert_file);
-    let key_file = dir.join(&t.key_file);
-    let certs = certificates(&cert_file, "cert_file")?;
-    let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
-        format!(
-            "key_file {}: {}",
-            key_file.display(),
-            pem_error(e, "private key")
-        )
-    })?;
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => format!(
-            "key_file {} does not match the certificate in cert_file {}",
-            key_file.display(),
-            cert_file.display()
-        ),
-        e => format!(
-            "cert_file {} / key_file {}: {e}",
-            cert_file.display(),
-            key_file.display()
-        ),
-    })?;
+    let certificate = Arc::new(ReloadingCert::new(
+        dir.join(&t.cert_file),
+        dir.join(&t.key_file),
+        provider,
+    )?);
+    let mut config = builder.with_cert_resolver(certificate.clone());
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+    // exporter-toolkit's default, as Go's servers: the server's order of suites wins.
+    config.ignore_client_order = t.prefer_server_cipher_suites.unwrap_or(true);
+    Ok((config, certificate))
 }
 
 fn certificates(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -257,13 +275,15 @@ fn pem_error(e: rustls::pki_types::pem::Error, what: &str) -> String {
 /// basic auth on (without it the exposition is unchanged).
 pub struct WebSelfMetrics {
     pub http: Arc<HttpStats>,
-    pub tls: bool,
+    pub certificate: Option<Arc<ReloadingCert>>,
     pub auth: Option<Arc<BasicAuth>>,
 }
 
 #[derive(Debug, Default)]
 pub struct WebSnapshot {
     pub tls_handshake_failures: Option<u64>,
+    /// The certificate read again: (ok, failed).
+    pub certificate_reloads: Option<(u64, u64)>,
     /// By reason; verifications.
     pub auth: Option<([(&'static str, u64); 3], u64)>,
 }
@@ -271,8 +291,9 @@ pub struct WebSnapshot {
 impl Source for WebSelfMetrics {
     fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
         let tls_handshake_failures = self
-            .tls
-            .then(|| self.http.tls_handshake_failures.load(Ordering::Relaxed));
+            .certificate
+            .as_ref()
+            .map(|_| self.http.tls_handshake_failures.load(Ordering::Relaxed));
         let auth = self.auth.as_ref().map(|a| {
             let v = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let s = &a.stats;
@@ -287,6 +308,7 @@ impl Source for WebSelfMetrics {
         });
         Box::new(WebSnapshot {
             tls_handshake_failures,
+            certificate_reloads: self.certificate.as_ref().map(|c| c.counts()),
             auth,
         })
     }
@@ -312,6 +334,9 @@ impl Snapshot for WebSnapshot {
     fn encode(&self, _: &mut Scrape<'_>, enc: &mut Encoder) {
         if let Some(n) = self.tls_handshake_failures {
             enc.family(&TLS_HANDSHAKE_FAILURES).counter((), n);
+        }
+        if let Some(counts) = self.certificate_reloads {
+            cert_reload::encode(counts, enc);
         }
         if let Some((failures, verifications)) = self.auth {
             let mut f = enc.family(&AUTH_FAILURES);

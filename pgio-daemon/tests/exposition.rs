@@ -161,6 +161,7 @@ fn all_families() -> Readings {
     };
     r.web = WebSnapshot {
         tls_handshake_failures: Some(8),
+        certificate_reloads: Some((2, 1)),
         auth: Some(([("missing", 9), ("wrong", 10), ("busy", 11)], 12)),
     };
     r.map_memory = MapMemory {

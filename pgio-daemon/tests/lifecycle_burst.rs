@@ -7,12 +7,10 @@ mod common;
 mod fake_postgres;
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Daemon, delta};
-use fake_postgres::{NOBODY, copy_as, data_dir, fake_postmasters};
+use fake_postgres::start_postmaster;
 use pgio_testkit::{require_root, temp_dir, wait_until};
 
 const BURST: u32 = 4_000;
@@ -23,30 +21,10 @@ fn a_burst_of_new_backends_loses_no_lifecycle_event() {
         return;
     }
     let tmp = temp_dir().expect("temp dir");
-    let fake = tmp.path().join("fake");
-    fake_postgres::build(&fake);
-    let data = tmp.path().join("data");
-    data_dir(&data);
-    let postgres = copy_as(&fake, &tmp.path().join("pg"), "postgres", NOBODY);
-
+    let (_, data, postgres) = fake_postgres::setup(tmp.path());
     let daemon = Daemon::with_config("rescan_interval_secs = 1\n").expect("daemon");
-    let mut postmaster = Command::new(&postgres)
-        .args(["burst", &BURST.to_string()])
-        .current_dir(&data)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("fake postmaster");
-    let tracked = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        fake_postmasters(&daemon.scrape()) >= 1.0
-    });
-    if !tracked {
-        let _ = postmaster.kill();
-        let _ = postmaster.wait();
-        panic!("the fake postmaster was not tracked");
-    }
+    let mut postmaster =
+        start_postmaster(&daemon, &postgres, &["burst", &BURST.to_string()], &data);
 
     let before = daemon.scrape();
     let mut stdin = postmaster.stdin.take().expect("stdin");

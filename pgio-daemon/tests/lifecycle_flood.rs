@@ -8,13 +8,12 @@ mod common;
 mod fake_postgres;
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{Daemon, delta};
-use fake_postgres::{NOBODY, copy_as, data_dir, fake_postmasters};
-use pgio_testkit::{require_root, temp_dir, wait_until};
+use fake_postgres::{NOBODY, copy_as, start_postmaster};
+use pgio_testkit::{require_root, temp_dir};
 
 const DROPPED: &str = "pgio_events_dropped_total";
 /// Children of the fake postmaster, one after another, each calling `init_ps_display` for
@@ -31,11 +30,7 @@ fn titles_in_a_loop_neither_fill_the_ring_nor_hide_forks_and_exits() {
         return;
     }
     let tmp = temp_dir().expect("temp dir");
-    let fake = tmp.path().join("fake");
-    fake_postgres::build(&fake);
-    let data = tmp.path().join("data");
-    data_dir(&data);
-    let postgres = copy_as(&fake, &tmp.path().join("pg"), "postgres", NOBODY);
+    let (fake, data, postgres) = fake_postgres::setup(tmp.path());
     let churn = copy_as(&fake, &tmp.path().join("churn"), "pgio-churn", NOBODY);
 
     let daemon = Daemon::with_config(
@@ -43,27 +38,16 @@ fn titles_in_a_loop_neither_fill_the_ring_nor_hide_forks_and_exits() {
          [[rule]]\napp = \"churn\"\nrole = \"driver\"\ncomm = \"^pgio-churn$\"\n",
     )
     .expect("daemon");
-    let mut postmaster = Command::new(&postgres)
-        .args([
+    let mut postmaster = start_postmaster(
+        &daemon,
+        &postgres,
+        &[
             "flood",
             &FLOOD_SECS.to_string(),
             &FLOOD_CHILDREN.to_string(),
-        ])
-        .current_dir(&data)
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("fake postmaster");
-    let tracked = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
-        fake_postmasters(&daemon.scrape()) >= 1.0
-    });
-    if !tracked {
-        let _ = postmaster.kill();
-        let _ = postmaster.wait();
-        panic!("the fake postmaster was not tracked");
-    }
+        ],
+        &data,
+    );
 
     let before = daemon.scrape();
     let churner = Command::new(&churn)

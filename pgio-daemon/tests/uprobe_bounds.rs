@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::Daemon;
-use fake_postgres::{NOBODY, copy_as, data_dir, fake_postmasters, fd_count};
+use fake_postgres::{NOBODY, copy_as, fake_postmasters, fd_count};
 use pgio_testkit::{PgCluster, pg_bin_dir, require_root, temp_dir, wait_until};
 
 const BINARIES: usize = 100;
@@ -70,10 +70,7 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
         return;
     }
     let tmp = temp_dir().expect("temp dir");
-    let fake = tmp.path().join("fake");
-    fake_postgres::build(&fake);
-    let data = tmp.path().join("data");
-    data_dir(&data);
+    let (fake, data, _) = fake_postgres::setup(tmp.path());
     let bins: Vec<PathBuf> = (0..BINARIES)
         .map(|i| {
             copy_as(
@@ -150,7 +147,7 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
     // by their titles from the uprobe.
     let mut pg = PgCluster::init(
         &pg_bin_dir(REAL_MAJOR).expect("PostgreSQL binaries"),
-        &tmp.path().join("pg"),
+        &tmp.path().join("pg17"),
         PG_PORT,
     )
     .expect("initdb");

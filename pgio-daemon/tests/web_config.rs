@@ -7,6 +7,12 @@
 //! - basic auth: no, wrong or unknown credentials 401 with `WWW-Authenticate: Basic`, right
 //!   ones 200, one bcrypt per distinct password (not per scrape), /healthz open; a flood of
 //!   wrong passwords is turned away with 429 while a known scraper still gets in at once;
+//! - exporter-toolkit's `cipher_suites`, `curve_preferences`, `prefer_server_cipher_suites`
+//!   are honoured (the handshake negotiates the one suite and curve allowed), `http2: false`
+//!   accepted, `http2: true` refused;
+//! - the certificate and key, swapped under the running daemon the way a Kubernetes secret
+//!   volume swaps them (one symlink renamed), are served from the next handshakes; a broken
+//!   pair swapped in is counted and the last good one still served;
 //! - bad web configs (missing key file, unknown key, key of another certificate, plain password)
 //!   exit 2 naming the file and what is wrong;
 //! - `pgio-daemon top` over HTTPS with basic auth counts a load's reads exactly; a CA that did
@@ -201,6 +207,111 @@ impl Drop for WebDaemon {
             eprintln!("pgio-daemon log:\n{}", self.log_text());
         }
     }
+}
+
+/// `link` (a symlink) now points at `target`, in one rename, as the kubelet swaps a secret
+/// volume's `..data`.
+fn swap_symlink(link: &Path, target: &str) {
+    let tmp = link.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).expect("symlink");
+    std::fs::rename(&tmp, link).expect("rename over the symlink");
+}
+
+#[test]
+fn certificate_is_read_again_when_its_files_change() {
+    if !require_root("certificate_is_read_again_when_its_files_change") {
+        return;
+    }
+    let dir = temp_dir().expect("temp dir");
+    for d in ["a", "b", "broken"] {
+        std::fs::create_dir(dir.path().join(d)).expect("mkdir");
+    }
+    let a = make_cert(&dir.path().join("a"), "tls");
+    let b = make_cert(&dir.path().join("b"), "tls");
+    // A pair whose key is not the certificate's: the certificate of b, the key of a.
+    std::fs::copy(&b.cert, dir.path().join("broken/tls.crt")).expect("copy");
+    std::fs::copy(&a.key, dir.path().join("broken/tls.key")).expect("copy");
+    let current = dir.path().join("current");
+    swap_symlink(&current, "a");
+    // With exporter-toolkit's other keys, honoured: one TLS 1.2 suite, one curve.
+    let d = WebDaemon::start(
+        dir.path(),
+        "",
+        "tls_server_config:\n  cert_file: current/tls.crt\n  key_file: current/tls.key\n  \
+         max_version: TLS12\n  cipher_suites: [TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305]\n  \
+         curve_preferences: [CurveP384]\n  prefer_server_cipher_suites: true\n\
+         http_server_config:\n  http2: false\n",
+        &a.cert,
+        None,
+    );
+    let (trusts_a, trusts_b) = (tls_client(&a.cert), tls_client(&b.cert));
+    let tcp = TcpStream::connect(("127.0.0.1", d.port)).expect("connect");
+    let name = ServerName::try_from("127.0.0.1").expect("name");
+    let mut tls = StreamOwned::new(
+        ClientConnection::new(trusts_a.clone(), name).expect("client"),
+        tcp,
+    );
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer);
+    let suite = tls
+        .conn
+        .negotiated_cipher_suite()
+        .and_then(|s| s.suite().as_str());
+    let group = tls.conn.negotiated_key_exchange_group().map(|g| g.name());
+    eprintln!("negotiated {suite:?} over {group:?}");
+    assert_eq!(suite, Some("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"));
+    assert_eq!(group, Some(rustls::NamedGroup::secp384r1));
+    let serves = |client: &Arc<ClientConfig>| {
+        https_get(client, d.port, "/healthz", None).is_ok_and(|r| r.status == 200)
+    };
+    // Scraped with the client that trusts the certificate served at that point.
+    let reloads_by = |client: &Arc<ClientConfig>, result: &str| {
+        let r = https_get(client, d.port, "/metrics", None).expect("/metrics");
+        Metrics::parse(&r.body).expect("parse /metrics").sum(
+            "pgio_http_tls_certificate_reloads_total",
+            &[("result", result)],
+        )
+    };
+    assert!(
+        serves(&trusts_a) && !serves(&trusts_b),
+        "serving a at start"
+    );
+    let reloads = |result: &str| reloads_by(&trusts_a, result);
+    assert_eq!((reloads("ok"), reloads("failed")), (0.0, 0.0));
+    let reloads = |result: &str| reloads_by(&trusts_b, result);
+
+    swap_symlink(&current, "b");
+    let t = Instant::now();
+    let swapped = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+        serves(&trusts_b)
+    });
+    eprintln!("certificate b served {:?} after the swap", t.elapsed());
+    assert!(swapped, "still not serving b 5 s after the swap");
+    // A new client: one that has talked to the server before resumes its TLS session without
+    // a certificate.
+    assert!(!serves(&tls_client(&a.cert)), "a served after b");
+    assert_eq!((reloads("ok"), reloads("failed")), (1.0, 0.0));
+
+    // A broken pair: counted, logged, and b still served.
+    swap_symlink(&current, "broken");
+    let counted = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+        serves(&trusts_b) && reloads("failed") == 1.0
+    });
+    assert!(
+        counted,
+        "a broken pair swapped in: failed {}",
+        reloads("failed")
+    );
+    assert!(serves(&trusts_b), "b no longer served after a broken pair");
+    assert_eq!(reloads("ok"), 1.0);
+    assert!(
+        d.log_text().contains("does not match the certificate"),
+        "the log does not say why: {}",
+        d.log_text()
+    );
 }
 
 /// Sockets among the daemon's fds.
@@ -511,7 +622,19 @@ fn bad_web_configs_exit_2_naming_the_file() {
             "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n"
                 .to_owned(),
             false,
-            "unknown field `cipher_suites`".to_owned(),
+            "cipher_suites (line 4): TLS_AES_128_GCM_SHA256 is not a TLS 1.2 suite pgio offers"
+                .to_owned(),
+        ),
+        (
+            "http_server_config:\n  http2: true\n".to_owned(),
+            false,
+            "http_server_config: http2 (line 2): pgio serves HTTP/1.1 only".to_owned(),
+        ),
+        (
+            "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n  ciphers: []\n"
+                .to_owned(),
+            false,
+            "unknown field `ciphers`".to_owned(),
         ),
         (
             format!(

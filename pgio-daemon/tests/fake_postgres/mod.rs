@@ -5,10 +5,14 @@
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::process::Command;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-use pgio_testkit::Metrics;
+use pgio_testkit::{Metrics, wait_until};
+
+use crate::common::Daemon;
 
 pub const NOBODY: u32 = 65_534;
 
@@ -23,6 +27,40 @@ pub fn build(out: &Path) {
         .expect("running cc");
     assert!(status.success(), "cc {} failed", src.display());
     std::fs::set_permissions(out, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// The program built in `tmp`, a data directory `tmp/data` owned by nobody, and the program
+/// copied as a `postgres` binary owned by nobody: (fake, data directory, postgres).
+pub fn setup(tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let fake = tmp.join("fake");
+    build(&fake);
+    let data = tmp.join("data");
+    data_dir(&data);
+    let postgres = copy_as(&fake, &tmp.join("pg"), "postgres", NOBODY);
+    (fake, data, postgres)
+}
+
+/// `postgres args…` run by nobody in `data` (stdin and stdout piped), once `daemon` tracks it
+/// as a postmaster; killed, and the test failed, if it does not within 10 s.
+pub fn start_postmaster(daemon: &Daemon, postgres: &Path, args: &[&str], data: &Path) -> Child {
+    let mut postmaster = Command::new(postgres)
+        .args(args)
+        .current_dir(data)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("fake postmaster");
+    let tracked = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        fake_postmasters(&daemon.scrape()) >= 1.0
+    });
+    if !tracked {
+        let _ = postmaster.kill();
+        let _ = postmaster.wait();
+        panic!("the fake postmaster was not tracked");
+    }
+    postmaster
 }
 
 /// `dir` as a data directory owned by nobody: `PG_VERSION` in it.
