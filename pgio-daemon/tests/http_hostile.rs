@@ -319,12 +319,11 @@ fn healthz_fails_when_pgio_is_out_of_file_descriptors() {
     daemon.stop().expect("stop");
 }
 
-/// pgio's own fd limit on this host (the hard limit it raises its soft limit to): an attacker
-/// must hold more connections than this to exhaust pgio's fds through HTTP.
+/// pgio's fd limit for the test: what it raises its soft limit to on this host (the hard
+/// limit), at most. An attacker must hold more connections than this to exhaust pgio's fds
+/// through HTTP.
 const PGIO_NOFILE: u64 = 20_000;
 const HTTP_CAP: usize = 128;
-/// Attacker processes sharing the connections.
-const HOLDERS: usize = 2;
 
 /// More connections than pgio may have file descriptors, held by attackers as `nobody` (one
 /// process may not hold that many either): the connection cap closes all but `HTTP_CAP` of
@@ -335,7 +334,6 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
     if !require_root("healthz_answers_while_connections_outnumber_pgio_fds") {
         return;
     }
-    let attackers = PGIO_NOFILE as usize + 1_000;
     let tmp = temp_dir().expect("temp dir");
     std::fs::set_permissions(
         tmp.path(),
@@ -347,13 +345,18 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
     let daemon =
         Daemon::with_config(&format!("http_max_connections = {HTTP_CAP}\n")).expect("daemon");
     let pid = daemon.0.pid();
-    set_nofile(pid, PGIO_NOFILE);
+    let limit = PGIO_NOFILE.min(nofile(pid).rlim_max);
+    set_nofile(pid, limit);
+    let attackers = limit as usize + 1_000;
+    // Each attacker holds as many as its own fd limit (ours, inherited) lets it.
+    let per_holder = (nofile(0).rlim_cur as usize).saturating_sub(16).max(1_000);
+    let holders_n = attackers.div_ceil(per_holder).max(2);
     let addr = addr(&daemon);
     let before = sockets(pid);
 
     let start = Instant::now();
-    let each = (attackers / HOLDERS + 1).to_string();
-    let mut holders: Vec<Fake> = (0..HOLDERS)
+    let each = (attackers / holders_n + 1).to_string();
+    let mut holders: Vec<Fake> = (0..holders_n)
         .map(|_| {
             Fake::start(
                 &holder,
@@ -383,13 +386,13 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
         &[("reason", "evicted")],
     ) + m.sum("pgio_http_connections_rejected_total", &[]);
     eprintln!(
-        "{held} connections established by {HOLDERS} attackers in {opened:?} (pgio's limit \
-         {PGIO_NOFILE} fds); pgio's sockets {before} before, {during} during; /healthz \
+        "{held} connections established by {holders_n} attackers in {opened:?} (pgio's limit \
+         {limit} fds); pgio's sockets {before} before, {during} during; /healthz \
          {status:?} in {healthz_time:?}; {closed} evicted or refused"
     );
     assert!(
-        held > PGIO_NOFILE as usize,
-        "only {held} connections established: not more than pgio's {PGIO_NOFILE} fds"
+        held > limit as usize,
+        "only {held} connections established: not more than pgio's {limit} fds"
     );
     assert!(
         during <= before + HTTP_CAP + 1,

@@ -8,17 +8,19 @@
 //!   symlink to /etc/shadow, with a backend whose names contain spaces (catalogs are read);
 //! - a `longhorn` with a 100 KB argv;
 //! - 50 HTTP connections that send half a request line, opened anew each round;
-//! - a made-up cluster of `held_backends` client backends (2,000 in `cargo xtask soak`), forked
-//!   at once and held for the whole run: most of them on the overflow series.
+//! - a made-up cluster of `held_backends` client backends (4,000 in `cargo xtask soak`, 2,000
+//!   in the tests' short run), forked at once and held for the whole run: most of them on the
+//!   overflow series.
 //!
 //! A scraper scrapes `/metrics` every second for the whole run; the report gives its
 //! latency's p50, p99 and maximum, and the run fails when p99 is over `scrape_p99`.
 //!
 //! pgio's RSS, fds, series, histogram map keys, tracked processes and dropped events are
 //! sampled every `sample_every`. After the first third (warm-up) they must be flat: anonymous
-//! RSS drift ≤ 1 MiB over the last half (median of its second half against its first), fds, series and map keys within bounds, no lost lifecycle
-//! event, no exit missed, no full map; and the real cluster's auxiliary processes are each tracked exactly once, and
-//! pgbench fails no transaction.
+//! RSS drift ≤ 1 MiB over the last half (median of its second half against its first), fds,
+//! series and map keys within bounds, no lost lifecycle event, no exit missed, no full map;
+//! the real cluster's auxiliary processes are each tracked exactly once, and pgbench fails no
+//! transaction.
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::TcpStream;
