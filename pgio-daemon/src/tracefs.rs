@@ -31,7 +31,13 @@ pub fn ensure_mounted() -> Result<PathBuf> {
     if rc != 0 {
         let err = std::io::Error::last_os_error();
         anyhow::bail!(
-            "tracefs is not mounted and mounting it at {} failed: {err}",
+            "tracefs is not mounted (no events/ under {} or {}) and mounting it at {} failed: \
+             {err}; in a container, mount the host's tracefs at {} (a node with tracefs only \
+             under debugfs: the Helm value tracefsHostPath=/sys/kernel/debug/tracing, or \
+             deploy/kustomize/components/tracefs-debugfs)",
+            CANDIDATES[0],
+            CANDIDATES[1],
+            CANDIDATES[0],
             CANDIDATES[0]
         );
     }

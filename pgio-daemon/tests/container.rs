@@ -7,7 +7,9 @@
 //! BPF or PERFMON, and labels go missing without SYS_PTRACE or DAC_READ_SEARCH. Between the
 //! two, the same run under the Localhost seccomp profile (`deploy/seccomp/pgio.json`) with
 //! every syscall it does not list killing the process: a syscall the daemon needs and the
-//! profile lacks fails here instead of degrading on a node.
+//! profile lacks fails here instead of degrading on a node. Then components/tracefs-debugfs
+//! on a "node" whose tracefs is only under debugfs (a debugfs mounted in the test's temp dir):
+//! the container's /sys/kernel/tracing is that automount, and queries are counted.
 //!
 //! The image is built from the binary under test with `pgio_testkit::podman::build_image`, the
 //! function `cargo xtask image` uses, and its tag removed at the end.
@@ -85,6 +87,8 @@ struct NodeFiles {
     dir: TempDir,
     config_maps: BTreeMap<String, BTreeMap<String, String>>,
     runtime_default: PathBuf,
+    /// hostPaths that stand for another directory here (the node's layout, not this host's).
+    host_subst: Vec<(&'static str, PathBuf)>,
 }
 
 impl NodeFiles {
@@ -117,6 +121,7 @@ impl NodeFiles {
             dir,
             config_maps,
             runtime_default,
+            host_subst: Vec::new(),
         }
     }
 
@@ -135,6 +140,9 @@ impl NodeFiles {
         let host_path = |path: &str, kind: &str| -> anyhow::Result<PathBuf> {
             // The kubelet's log directories are the test's (see `NodeFiles::pod_logs`), also
             // on a machine that has them.
+            if let Some((_, dir)) = self.host_subst.iter().find(|(p, _)| *p == path) {
+                return Ok(dir.clone());
+            }
             if KUBELET_DIRS.contains(&path) {
                 let dir = subst.join(path.trim_start_matches('/'));
                 std::fs::create_dir_all(&dir)?;
@@ -252,6 +260,74 @@ impl Pgio {
             self.scrape().sum("pgio_tracked_processes", labels) >= 1.0
         })
     }
+}
+
+/// A debugfs mounted in the test's temp dir: its `tracing/` is the kernel's tracefs automount,
+/// as on a node that has tracefs only under /sys/kernel/debug. Unmounted (both) on drop.
+struct DebugfsMount(PathBuf);
+
+impl DebugfsMount {
+    fn new(parent: &Path) -> DebugfsMount {
+        let dir = parent.join("debugfs");
+        std::fs::create_dir_all(&dir).expect("debugfs dir");
+        let mut mount = std::process::Command::new("mount");
+        mount.args(["-t", "debugfs", "none"]).arg(&dir);
+        let status = mount.status().expect("mount");
+        assert!(
+            status.success(),
+            "mount -t debugfs none {}: {status}",
+            dir.display()
+        );
+        let m = DebugfsMount(dir);
+        assert!(
+            m.tracing().join("events").is_dir(),
+            "no tracefs automount under {}",
+            m.0.display()
+        );
+        m
+    }
+
+    fn tracing(&self) -> PathBuf {
+        self.0.join("tracing")
+    }
+}
+
+impl Drop for DebugfsMount {
+    fn drop(&mut self) {
+        let mut umount = std::process::Command::new("umount");
+        umount.arg("-R").arg(&self.0);
+        match umount.status() {
+            Ok(s) if s.success() => {}
+            other => eprintln!("umount -R {}: {other:?}", self.0.display()),
+        }
+    }
+}
+
+/// An overlay of the kustomize base with these components, in `dir` (kustomize wants relative
+/// paths).
+fn overlay(dir: &Path, components: &[&str]) -> PathBuf {
+    let base = workspace().join("deploy").join("kustomize");
+    let depth = dir
+        .canonicalize()
+        .expect("overlay dir")
+        .components()
+        .count()
+        - 1;
+    let rel = PathBuf::from("../".repeat(depth)).join(
+        base.canonicalize()
+            .expect("base")
+            .strip_prefix("/")
+            .expect("absolute"),
+    );
+    let mut text = format!("resources: [{}]\ncomponents:\n", rel.display());
+    for c in components {
+        text.push_str(&format!(
+            "  - {}\n",
+            rel.join("components").join(c).display()
+        ));
+    }
+    std::fs::write(dir.join("kustomization.yaml"), text).expect("overlay");
+    dir.to_path_buf()
 }
 
 /// `pgio-daemon check` in a container with these flags: its output.
@@ -537,6 +613,48 @@ fn daemonset_security_context_in_podman() {
         "the capability drop failed under the Localhost profile:\n{logs}"
     );
     drop(confined);
+
+    // 2b. A node whose tracefs is only under debugfs (Amazon Linux 2): the tracefs-debugfs
+    // component mounts the host's /sys/kernel/debug/tracing at /sys/kernel/tracing.
+    let debugfs = DebugfsMount::new(dir.path());
+    let overlay_dir = dir.path().join("overlay-tracefs-debugfs");
+    std::fs::create_dir_all(&overlay_dir).expect("overlay dir");
+    let manifest = Manifest::kustomize(&overlay(&overlay_dir, &["tracefs-debugfs"]))
+        .expect("kustomize with components/tracefs-debugfs");
+    let mut debugfs_node = NodeFiles::new(&manifest, &rule);
+    debugfs_node
+        .host_subst
+        .push(("/sys/kernel/debug/tracing", debugfs.tracing()));
+    let debugfs_run = debugfs_node.translate(
+        manifest.daemonset_pod_spec().expect("DaemonSet"),
+        free_port().expect("free port"),
+    );
+    let volume = format!(
+        "--volume={}:/sys/kernel/tracing:ro",
+        debugfs.tracing().display()
+    );
+    assert!(
+        debugfs_run.flags.iter().any(|f| f.starts_with(&volume)),
+        "{volume} not among {:?}",
+        debugfs_run.flags
+    );
+    let pgio = Pgio::start(
+        &format!("pgio-container-test-{id}-debugfs"),
+        &debugfs_run,
+        &tag.0,
+    );
+    if let Err(code) = pgio.wait_up() {
+        panic!(
+            "pgio exited ({code}) with tracefs from debugfs:\n{}",
+            pgio.container.logs()
+        );
+    }
+    assert!(pgio.wait_tracked(&backend), "{}", pgio.container.logs());
+    let got = pgio.queries_of(&mut session, &backend);
+    eprintln!("tracefs from a debugfs automount: {got} queries");
+    assert_eq!(got, QUERIES as f64, "{}", pgio.container.logs());
+    drop(pgio);
+    drop(debugfs);
 
     // 3. Each capability the DaemonSet adds, taken away: what it is for.
     let (major, minor) = pgio_testkit::kernel_version();

@@ -322,7 +322,8 @@ fn security_context(
     if let Some(pod) = pod {
         for (k, v) in pod {
             match k.as_str() {
-                "runAsUser" | "runAsGroup" | "runAsNonRoot" | "seccompProfile" => {
+                "runAsUser" | "runAsGroup" | "runAsNonRoot" | "seccompProfile"
+                | "appArmorProfile" => {
                     merged.insert(k.clone(), v.clone());
                 }
                 "supplementalGroups" => ensure!(
@@ -363,6 +364,11 @@ fn security_context(
             "runAsGroup" => group = Some(v.as_u64().context("securityContext.runAsGroup")?),
             "runAsNonRoot" => non_root = bool_at(v, "securityContext.runAsNonRoot")?,
             "seccompProfile" => seccomp = Some(obj(v, "securityContext.seccompProfile")?),
+            "appArmorProfile" => {
+                if let Some(flag) = apparmor_flag(obj(v, "securityContext.appArmorProfile")?)? {
+                    run.flags.push(flag);
+                }
+            }
             "procMount" => ensure!(v == "Default", "{at}.procMount: only Default"),
             "capabilities" => {
                 let caps = obj(v, "securityContext.capabilities")?;
@@ -403,6 +409,26 @@ fn security_context(
         Some(p) => run.flags.push(seccomp_flag(p, node)?),
     }
     Ok(())
+}
+
+/// Podman applies its default AppArmor profile where the host has AppArmor, as the runtime would.
+fn apparmor_flag(p: &Map<String, Value>) -> Result<Option<String>> {
+    let kind = str_at(&p["type"], "appArmorProfile.type")?;
+    for k in p.keys() {
+        ensure!(
+            k == "type" || (k == "localhostProfile" && kind == "Localhost"),
+            "appArmorProfile.{k}: no podman translation"
+        );
+    }
+    Ok(match kind {
+        "RuntimeDefault" => None,
+        "Unconfined" => Some("--security-opt=apparmor=unconfined".into()),
+        "Localhost" => Some(format!(
+            "--security-opt=apparmor={}",
+            str_at(&p["localhostProfile"], "appArmorProfile.localhostProfile")?
+        )),
+        other => bail!("appArmorProfile.type {other}: no podman translation"),
+    })
 }
 
 fn seccomp_flag(p: &Map<String, Value>, node: &Node) -> Result<String> {
@@ -718,6 +744,7 @@ spec:
             allowPrivilegeEscalation: false
             readOnlyRootFilesystem: true
             capabilities: {drop: [ALL], add: [BPF, PERFMON]}
+            appArmorProfile: {type: Unconfined}
           volumeMounts:
             - {name: tracefs, mountPath: /sys/kernel/tracing, readOnly: true}
             - {name: longhorn, mountPath: /dev/longhorn, readOnly: true, mountPropagation: HostToContainer}
@@ -766,6 +793,7 @@ spec:
                 "--volume=/dev/longhorn:/dev/longhorn:ro,rslave",
                 "--volume=/tmp/cm/pgio-config-abc:/etc/pgio:ro,rprivate",
                 "--security-opt=no-new-privileges",
+                "--security-opt=apparmor=unconfined",
                 "--cap-drop=ALL",
                 "--cap-add=BPF",
                 "--cap-add=PERFMON",

