@@ -2,6 +2,8 @@
 //! `pgio_query_seconds`, `pgio_query_io_seconds`, `pgio_query_read_miss_seconds`,
 //! `pgio_query_cache_misses_total`, and the encrypted connections' flags
 //! (`pgio_query_multi_send_total`, `pgio_query_encrypted_connections_total`).
+pub mod backend_status;
+
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{

@@ -1,0 +1,107 @@
+//! Where a PostgreSQL backend keeps the id of its query (`pg_stat_activity.query_id`, the id
+//! `pg_stat_statements` groups by): `MyBEEntry->st_query_id`, in shared memory. Issue 31 joins
+//! query IO to it; this finds the address in a backend, from userspace, without trusting it:
+//!
+//! - `MyBEEntry` is a dynamic symbol of every `postgres` binary (15-18, Debian's stripped ones
+//!   too: extensions link against it). Its file is `/proc/<pid>/exe`, read lazily with
+//!   `object`: only the headers and the dynamic symbol table, whatever the binary's size.
+//! - Its run-time address: the mapping of that file (same device and inode) at offset 0 in
+//!   `/proc/<pid>/maps`, minus the file's first load address (PIE or not).
+//! - The pointer there, read from `/proc/<pid>/mem` (ptrace read access: CAP_SYS_PTRACE for
+//!   other users' processes), is the backend's entry; `st_query_id` is at a fixed offset of
+//!   it per major version ([`QUERY_ID_OFFSET`], measured by `tests/backend_status.rs`).
+//!
+//! The entry is set once, when the backend starts, and shared memory is mapped at the same
+//! address in every backend: the address holds for the backend's life.
+use std::{
+    fs::File,
+    io,
+    os::unix::fs::{FileExt, MetadataExt},
+};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+/// Binaries larger than this are not parsed (postgres is ~10 MiB).
+const MAX_EXE: u64 = 512 << 20;
+const SYMBOL: &str = "MyBEEntry";
+
+/// Byte offset of `st_query_id` in `PgBackendStatus`, by major version, measured on x86_64
+/// (aarch64's LP64 alignment rules give the same layout; not measured there yet).
+pub fn query_id_offset(major: u32) -> Option<u64> {
+    QUERY_ID_OFFSET
+        .iter()
+        .find(|(m, _)| *m == major)
+        .map(|(_, o)| *o)
+}
+
+pub const QUERY_ID_OFFSET: [(u32, u64); 4] = [(15, 424), (16, 424), (17, 424), (18, 424)];
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// The address of `MyBEEntry` in process `pid`: a pointer-sized global.
+pub fn my_be_entry_symbol(pid: u32) -> io::Result<u64> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        format!("/proc/{pid}/exe"),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    let exe = File::from(fd);
+    let meta = exe.metadata()?;
+    if !meta.is_file() || meta.len() > MAX_EXE {
+        return Err(invalid(format!(
+            "/proc/{pid}/exe: not a regular file of at most {MAX_EXE} bytes"
+        )));
+    }
+    let (dev, ino) = (meta.dev(), meta.ino());
+    let cache = object::ReadCache::new(exe);
+    let elf = object::File::parse(&cache).map_err(|e| invalid(format!("/proc/{pid}/exe: {e}")))?;
+    let sym = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok(SYMBOL))
+        .ok_or_else(|| invalid(format!("/proc/{pid}/exe has no {SYMBOL}")))?;
+    let first_load = elf
+        .segments()
+        .map(|s| s.address())
+        .min()
+        .ok_or_else(|| invalid(format!("/proc/{pid}/exe has no segment")))?;
+    let maps = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.maps())
+        .map_err(|e| io::Error::other(format!("/proc/{pid}/maps: {e}")))?;
+    let base = maps
+        .iter()
+        .find(|m| {
+            m.offset == 0 && m.inode == ino && libc::makedev(m.dev.0 as u32, m.dev.1 as u32) == dev
+        })
+        .map(|m| m.address.0)
+        .ok_or_else(|| invalid(format!("/proc/{pid}/maps: the executable is not mapped")))?;
+    // The mapping starts at the first segment's page.
+    let page_aligned = first_load & !0xfff;
+    Ok(base.wrapping_sub(page_aligned).wrapping_add(sym.address()))
+}
+
+/// A u64 of process `pid`'s memory at `addr`.
+pub fn read_u64(pid: u32, addr: u64) -> io::Result<u64> {
+    let mem = File::open(format!("/proc/{pid}/mem"))?;
+    let mut b = [0u8; 8];
+    mem.read_exact_at(&mut b, addr)?;
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// The address of backend `pid`'s `st_query_id`, PostgreSQL `major`; an error for a process
+/// that has no backend entry (the postmaster, a process still starting).
+pub fn query_id_addr(pid: u32, major: u32) -> io::Result<u64> {
+    let off = query_id_offset(major).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("PgBackendStatus layout of PostgreSQL {major} unknown"),
+        )
+    })?;
+    let entry = read_u64(pid, my_be_entry_symbol(pid)?)?;
+    if entry == 0 {
+        return Err(invalid(format!("pid {pid}: {SYMBOL} is NULL")));
+    }
+    Ok(entry + off)
+}
