@@ -14,6 +14,7 @@ pub mod kernel_offsets;
 pub mod key_quota;
 pub mod lifecycle;
 pub mod query;
+pub mod relation;
 pub mod syscall;
 
 /// Largest tgid the `tgid → series` array (`TRACKED`) reaches as compiled: the kernel's

@@ -1,0 +1,400 @@
+//! The relation family's shared rules (issue 31, in progress): which file a PostgreSQL backend
+//! opened, from the path it passed to `openat`. PostgreSQL works in its data directory and
+//! names its files relative to it:
+//!
+//! - `base/<db>/<relfilenode>[_fsm|_vm|_init][.<segment>]`: a relation of database `<db>` in
+//!   the default tablespace (`pg_default`, oid 1663);
+//! - `global/<relfilenode>…`: a shared catalog (`pg_global`, 1664);
+//! - `pg_tblspc/<spc>/<version dir>/<db>/<relfilenode>…`: a relation in tablespace `<spc>`;
+//! - `pg_wal/…` the WAL; `…/pgsql_tmp/…` temporary files (sorts, hashes spilled to disk);
+//! - anything else (`pg_xact/`, config files, extensions' files, absolute paths) is other.
+//!
+//! [`parse_path`] runs in the kernel, once per `openat` of a tracked process: a bounded loop
+//! over at most [`PATH_MAX_PARSED`] bytes, no recursion, every index masked.
+
+/// Bytes of a path the kernel reads and parses; longer paths are cut (and parse as what their
+/// first bytes say, or as other).
+pub const PATH_MAX_PARSED: usize = 128;
+
+pub const PG_DEFAULT_TABLESPACE: u32 = 1663;
+pub const PG_GLOBAL_TABLESPACE: u32 = 1664;
+
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileClass {
+    Other = 0,
+    Relation = 1,
+    Wal = 2,
+    Temp = 3,
+}
+
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fork {
+    Main = 0,
+    Fsm = 1,
+    Vm = 2,
+    Init = 3,
+}
+
+/// A file as its path names it. For a relation: the tablespace its path is in (1663 for
+/// `base/`, 1664 for `global/`), the database (0 for `global/`) and the relfilenode.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelFile {
+    pub tablespace: u32,
+    pub db: u32,
+    pub relfilenode: u32,
+    pub class: u8,
+    pub fork: u8,
+    pub _pad: u16,
+}
+
+crate::abi_size!(RelFile, 16, 4);
+crate::abi_pod!(RelFile);
+
+impl RelFile {
+    pub const OTHER: RelFile = RelFile::of_class(FileClass::Other);
+
+    const fn of_class(class: FileClass) -> RelFile {
+        RelFile {
+            tablespace: 0,
+            db: 0,
+            relfilenode: 0,
+            class: class as u8,
+            fork: Fork::Main as u8,
+            _pad: 0,
+        }
+    }
+}
+
+/// One `/`-separated component as the parser saw it.
+#[derive(Clone, Copy)]
+struct Component {
+    /// Its leading decimal digits' value (saturating), and how many there were.
+    number: u32,
+    digits: u32,
+    /// The fork suffix after the digits, if it is one of PostgreSQL's.
+    fork: u8,
+    /// Nothing after the digits (and fork) but an optional `.<digits>` segment.
+    clean: bool,
+    /// A `.` with no segment digits after it yet.
+    dot_pending: bool,
+    len: u32,
+    /// Of all its bytes ([`word_hash`]): names the directories PostgreSQL uses.
+    hash: u32,
+}
+
+const EMPTY: Component = Component {
+    number: 0,
+    digits: 0,
+    fork: Fork::Main as u8,
+    clean: true,
+    dot_pending: false,
+    len: 0,
+    hash: 0,
+};
+
+#[inline(always)]
+const fn hash_step(h: u32, b: u8) -> u32 {
+    h.wrapping_mul(31).wrapping_add(b as u32)
+}
+
+/// The hash a component holding exactly `word` has.
+pub const fn word_hash(word: &[u8]) -> u32 {
+    let mut h = 0;
+    let mut i = 0;
+    while i < word.len() {
+        h = hash_step(h, word[i]);
+        i += 1;
+    }
+    h
+}
+
+const BASE: u32 = word_hash(b"base");
+const GLOBAL: u32 = word_hash(b"global");
+const PG_TBLSPC: u32 = word_hash(b"pg_tblspc");
+const PG_WAL: u32 = word_hash(b"pg_wal");
+const PGSQL_TMP: u32 = word_hash(b"pgsql_tmp");
+
+/// Components kept (a power of two: indices are masked); `pg_tblspc/<spc>/<version>/<db>/<file>`
+/// has five.
+const MAX_COMPONENTS: usize = 8;
+
+/// What the path `p[..len]` (no NUL) names.
+pub fn parse_path(p: &[u8; PATH_MAX_PARSED], len: usize) -> RelFile {
+    let len = if len > PATH_MAX_PARSED {
+        PATH_MAX_PARSED
+    } else {
+        len
+    };
+    let mut comps = [EMPTY; MAX_COMPONENTS];
+    let mut n = 0usize;
+    // Within the current component: after the digits, after a `_`, after a `.`.
+    let mut after_digits = false;
+    let mut in_fork = false;
+    let mut in_segment = false;
+    let mut fork_first = 0u8;
+    let mut i = 0usize;
+    while i < len && i < PATH_MAX_PARSED {
+        let b = p[i & (PATH_MAX_PARSED - 1)];
+        i += 1;
+        if b == b'/' {
+            n += 1;
+            if n >= MAX_COMPONENTS {
+                return RelFile::OTHER;
+            }
+            after_digits = false;
+            in_fork = false;
+            in_segment = false;
+            fork_first = 0;
+            continue;
+        }
+        let c = &mut comps[n & (MAX_COMPONENTS - 1)];
+        c.len += 1;
+        c.hash = hash_step(c.hash, b);
+        if !after_digits && b.is_ascii_digit() {
+            c.number = c
+                .number
+                .saturating_mul(10)
+                .saturating_add((b - b'0') as u32);
+            c.digits += 1;
+            continue;
+        }
+        if !after_digits {
+            after_digits = true;
+            if c.digits == 0 {
+                c.clean = false;
+                continue;
+            }
+        }
+        if in_segment {
+            if b.is_ascii_digit() {
+                c.dot_pending = false;
+            } else {
+                c.clean = false;
+            }
+        } else if b == b'.' {
+            in_segment = true;
+            in_fork = false;
+            c.dot_pending = true;
+        } else if in_fork {
+            // The fork's name: only its first letter decides (fsm, vm, init); the rest must
+            // be letters.
+            if fork_first == 0 {
+                fork_first = b;
+                c.fork = fork_from(b, u8::MAX);
+            }
+            if !b.is_ascii_lowercase() {
+                c.clean = false;
+            }
+        } else if b == b'_' && c.fork == Fork::Main as u8 {
+            in_fork = true;
+            fork_first = 0;
+        } else {
+            c.clean = false;
+        }
+    }
+    let count = n + 1;
+    classify(&comps, count)
+}
+
+#[inline(always)]
+fn fork_from(first: u8, fallback: u8) -> u8 {
+    match first {
+        b'f' => Fork::Fsm as u8,
+        b'v' => Fork::Vm as u8,
+        b'i' => Fork::Init as u8,
+        _ => fallback,
+    }
+}
+
+/// A component equal to the word whose hash is `word` (the parser keeps no text).
+#[inline(always)]
+fn is(c: &Component, word: u32) -> bool {
+    c.digits == 0 && c.hash == word
+}
+
+#[inline(always)]
+fn is_temp(c: &Component) -> bool {
+    is(c, PGSQL_TMP)
+}
+
+#[inline(always)]
+fn file(tablespace: u32, db: u32, c: &Component) -> RelFile {
+    if c.digits == 0 || !c.clean || c.dot_pending || c.fork == u8::MAX {
+        return RelFile::OTHER;
+    }
+    RelFile {
+        tablespace,
+        db,
+        relfilenode: c.number,
+        class: FileClass::Relation as u8,
+        fork: c.fork,
+        _pad: 0,
+    }
+}
+
+#[inline(always)]
+fn number(c: &Component) -> Option<u32> {
+    (c.digits > 0 && c.digits == c.len).then_some(c.number)
+}
+
+fn classify(c: &[Component; MAX_COMPONENTS], count: usize) -> RelFile {
+    let c0 = &c[0];
+    if is(c0, PG_WAL) && count >= 2 {
+        return RelFile::of_class(FileClass::Wal);
+    }
+    if is(c0, BASE) {
+        if count >= 2 && is_temp(&c[1]) {
+            return RelFile::of_class(FileClass::Temp);
+        }
+        if count == 3
+            && let Some(db) = number(&c[1])
+        {
+            return file(PG_DEFAULT_TABLESPACE, db, &c[2]);
+        }
+    }
+    if is(c0, GLOBAL) && count == 2 {
+        return file(PG_GLOBAL_TABLESPACE, 0, &c[1]);
+    }
+    if is(c0, PG_TBLSPC)
+        && count >= 4
+        && let Some(spc) = number(&c[1])
+    {
+        if is_temp(&c[3]) {
+            return RelFile::of_class(FileClass::Temp);
+        }
+        if count == 5
+            && let Some(db) = number(&c[3])
+        {
+            return file(spc, db, &c[4]);
+        }
+    }
+    RelFile::OTHER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> RelFile {
+        let mut p = [0u8; PATH_MAX_PARSED];
+        let n = s.len().min(PATH_MAX_PARSED);
+        p[..n].copy_from_slice(&s.as_bytes()[..n]);
+        parse_path(&p, n)
+    }
+
+    fn rel(tablespace: u32, db: u32, relfilenode: u32, fork: Fork) -> RelFile {
+        RelFile {
+            tablespace,
+            db,
+            relfilenode,
+            class: FileClass::Relation as u8,
+            fork: fork as u8,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn relation_files() {
+        assert_eq!(
+            parse("base/16384/16385"),
+            rel(1663, 16384, 16385, Fork::Main)
+        );
+        assert_eq!(
+            parse("base/16384/16385.12"),
+            rel(1663, 16384, 16385, Fork::Main)
+        );
+        assert_eq!(parse("base/5/2619_fsm"), rel(1663, 5, 2619, Fork::Fsm));
+        assert_eq!(parse("base/5/2619_vm"), rel(1663, 5, 2619, Fork::Vm));
+        assert_eq!(parse("base/5/16400_init"), rel(1663, 5, 16400, Fork::Init));
+        assert_eq!(parse("base/5/2619_fsm.1"), rel(1663, 5, 2619, Fork::Fsm));
+        assert_eq!(parse("global/1262"), rel(1664, 0, 1262, Fork::Main));
+        assert_eq!(parse("global/1262_vm"), rel(1664, 0, 1262, Fork::Vm));
+        assert_eq!(
+            parse("pg_tblspc/16390/PG_15_202209061/16384/16391.3"),
+            rel(16390, 16384, 16391, Fork::Main)
+        );
+        assert_eq!(
+            parse("pg_tblspc/16390/PG_18_202506291/16384/16391_vm"),
+            rel(16390, 16384, 16391, Fork::Vm)
+        );
+        // A fork letter in the version directory does not carry over.
+        assert_eq!(parse("pg_tblspc/1/PG_v/2/3.1"), rel(1, 2, 3, Fork::Main));
+    }
+
+    #[test]
+    fn wal_and_temporary_files() {
+        let class = |s| parse(s).class;
+        assert_eq!(
+            class("pg_wal/000000010000000000000001"),
+            FileClass::Wal as u8
+        );
+        assert_eq!(class("pg_wal/archive_status/x.ready"), FileClass::Wal as u8);
+        assert_eq!(
+            class("base/pgsql_tmp/pgsql_tmp1234.0"),
+            FileClass::Temp as u8
+        );
+        assert_eq!(
+            class("pg_tblspc/16390/PG_15_202209061/pgsql_tmp/pgsql_tmp77.3"),
+            FileClass::Temp as u8
+        );
+    }
+
+    #[test]
+    fn everything_else_is_other() {
+        for s in [
+            "",
+            "base",
+            "base/",
+            "base/16384",
+            "base/16384/",
+            "base/16384/16385/x",
+            "base/x1/16385",
+            "base/16384/16385_xyz",
+            "base/16384/16385_fsmX",
+            "base/16384/16385.1a",
+            "base/16384/16385.",
+            "base/16384/abc",
+            "base/16384/PG_VERSION",
+            "base/16384/pg_filenode.map",
+            "global/pg_control",
+            "global/",
+            "pg_xact/0000",
+            "pg_log/postgresql.log",
+            "log/postgresql-2026.log",
+            "bass/1/2",
+            "pg_tblspc/1/PG_v/2/3_x.1",
+            "postgresql.auto.conf",
+            "/etc/passwd",
+            "/srv/pg/base/1/2",
+            "pg_tblspc/16390",
+            "pg_tblspc/x/PG_15/1/2",
+            "a/b/c/d/e/f/g",
+            "base/1/2/3/4/5/6/7/8",
+        ] {
+            assert_eq!(parse(s), RelFile::OTHER, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn huge_numbers_and_cut_paths_stay_in_bounds() {
+        assert_eq!(
+            parse("base/99999999999/16385").db,
+            u32::MAX,
+            "saturating, not wrapping"
+        );
+        let mut long = [b'1'; PATH_MAX_PARSED];
+        long[..11].copy_from_slice(b"base/16384/");
+        let r = parse_path(&long, PATH_MAX_PARSED);
+        assert_eq!(
+            (r.class, r.relfilenode),
+            (FileClass::Relation as u8, u32::MAX)
+        );
+        let mut p = [b'/'; PATH_MAX_PARSED];
+        assert_eq!(parse_path(&p, PATH_MAX_PARSED), RelFile::OTHER);
+        p = [b'9'; PATH_MAX_PARSED];
+        assert_eq!(parse_path(&p, usize::MAX), RelFile::OTHER);
+    }
+}
