@@ -33,31 +33,35 @@ fn report_tracefs() {
     }
 }
 
-/// The Longhorn stand-in (Go, test-only): `gofmt -l` must list nothing, `go vet` must pass.
+/// The Go programs (test and check tools): the Longhorn stand-in and deploy-check's Pod
+/// Security checker. `gofmt -l` must list nothing, `go vet` must pass.
 fn go_lint(root: &Path) -> Result<()> {
-    let dir = root.join("longhorn-standin");
     let go = go_bin()?;
     let gofmt = go.with_file_name("gofmt");
-    timed("gofmt -l longhorn-standin", || {
-        let out = Command::new(&gofmt)
-            .arg("-l")
-            .arg(".")
+    for rel in ["longhorn-standin", "xtask/psa"] {
+        let dir = root.join(rel);
+        timed(&format!("gofmt -l {rel}"), || {
+            let out = Command::new(&gofmt)
+                .arg("-l")
+                .arg(".")
+                .current_dir(&dir)
+                .output()
+                .with_context(|| format!("running {}", gofmt.display()))?;
+            let listed = String::from_utf8_lossy(&out.stdout);
+            anyhow::ensure!(
+                out.status.success() && listed.trim().is_empty(),
+                "gofmt would change:\n{listed}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(())
+        })?;
+        let mut vet = Command::new(&go);
+        vet.args(["vet", "./..."])
             .current_dir(&dir)
-            .output()
-            .with_context(|| format!("running {}", gofmt.display()))?;
-        let listed = String::from_utf8_lossy(&out.stdout);
-        anyhow::ensure!(
-            out.status.success() && listed.trim().is_empty(),
-            "gofmt would change:\n{listed}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    })?;
-    let mut vet = Command::new(&go);
-    vet.args(["vet", "./..."])
-        .current_dir(&dir)
-        .env("GOTOOLCHAIN", "local");
-    timed("go vet ./... (longhorn-standin)", || run_quiet(&mut vet))
+            .env("GOTOOLCHAIN", "local");
+        timed(&format!("go vet ./... ({rel})"), || run_quiet(&mut vet))?;
+    }
+    Ok(())
 }
 
 /// `go` on PATH, else Go's default install location.
