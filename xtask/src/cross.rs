@@ -135,6 +135,30 @@ pub fn build_daemon(root: &Path, arch: Arch) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// The Go Longhorn stand-in (`longhorn`, `longhorn-fuse`: test-only) for a foreign `arch`, into
+/// `target/longhorn-standin/<arch>/`: Go cross-compiles by itself (pure Go, no cgo). The host's
+/// is built by the testkit (`pgio_testkit::longhorn::standin_bin_dir`).
+pub fn build_longhorn_standin(root: &Path, arch: Arch) -> Result<PathBuf> {
+    let out = target_dir(root).join("longhorn-standin").join(arch.name());
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let go = crate::commands::go_bin()?;
+    let mut c = Command::new(go);
+    c.current_dir(root.join("longhorn-standin"))
+        .args(["build", "-buildvcs=false", "-o"])
+        .arg(format!("{}/", out.display()))
+        .args(["./cmd/longhorn", "./cmd/longhorn-fuse"])
+        .env("GOTOOLCHAIN", "local")
+        .env("GOOS", "linux")
+        .env("GOARCH", arch.name())
+        .env("CGO_ENABLED", "0");
+    step(format!("GOARCH={} {}", arch.name(), describe(&c)));
+    run(&mut c)?;
+    for bin in ["longhorn", "longhorn-fuse"] {
+        check_file(&out.join(bin), arch)?;
+    }
+    Ok(out)
+}
+
 /// Fails unless `file` says `path` is an executable of `arch`.
 pub fn check_file(path: &Path, arch: Arch) -> Result<String> {
     let says = output(Command::new("file").arg("-L").arg(path))

@@ -238,8 +238,7 @@ pub fn kernel_by_series(s: &str, arch: Arch) -> Result<Vec<Kernel>> {
 struct HostBuild {
     daemon: PathBuf,
     load: PathBuf,
-    /// Built for amd64 guests only (the Longhorn tests have not run on arm64).
-    longhorn_dir: Option<PathBuf>,
+    longhorn_dir: PathBuf,
     pg_dist: PathBuf,
     /// (spec, executable)
     tests: Vec<(TestSpec, PathBuf)>,
@@ -386,11 +385,11 @@ fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
         })
         .collect::<Result<Vec<_>>>()?;
 
+    step("building the Longhorn stand-in (Go)");
     let longhorn_dir = if arch.is_host() {
-        step("building the Longhorn stand-in (Go)");
-        Some(pgio_testkit::longhorn::standin_bin_dir()?)
+        pgio_testkit::longhorn::standin_bin_dir()?
     } else {
-        None
+        cross::build_longhorn_standin(root, arch)?
     };
     // The guest has no network: download the PostgreSQL builds the tests ask for here.
     let pg_dist = target.join("pg-dist");
@@ -923,10 +922,7 @@ fn run_kernel(
         ("PGIO_LOAD_BIN", host.load.display().to_string()),
         (
             "PGIO_LONGHORN_BIN_DIR",
-            host.longhorn_dir
-                .as_ref()
-                .map(|d| d.display().to_string())
-                .unwrap_or_default(),
+            host.longhorn_dir.display().to_string(),
         ),
         ("PGIO_PG_DIST", host.pg_dist.display().to_string()),
         ("PGIO_TEST_SPARE_DISK", "/dev/vdb".to_owned()),
