@@ -48,6 +48,19 @@ fn ten_two_ms_futex_waits_in_the_1_to_4_ms_buckets() {
             load.pid(),
             mean * 1e3
         );
+        if waits != WAITS as f64 {
+            // Where the others went: (le, count) of the buckets this attempt added to.
+            let delta = after.since(&before);
+            let mut prev = 0.0;
+            let mut spread = Vec::new();
+            for (le, c) in &delta.buckets {
+                if c - prev > 0.0 {
+                    spread.push(format!("le {le:.6}: {}", c - prev));
+                }
+                prev = *c;
+            }
+            eprintln!("attempt {attempt}: buckets {}", spread.join(", "));
+        }
         // The count is pgio's to get right, every time.
         assert_eq!(total, WAITS as f64, "no other futex waits in this process");
         results.push(waits);
