@@ -874,8 +874,12 @@ fn run_kernel(
     let guest_root = if guest.host_root {
         None
     } else {
-        let apt = apt_state(base, &mut apt)?;
-        Some(rootfs::ensure(base, kernel.arch, opts.update_kernels, apt)?)
+        Some(rootfs::ensure(
+            base,
+            kernel.arch,
+            opts.update_kernels,
+            &mut apt,
+        )?)
     };
     let run_dir = base.join("runs").join(kernel.label());
     if run_dir.exists() {

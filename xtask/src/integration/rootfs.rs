@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 
-use super::Apt;
+use super::{Apt, apt_state};
 use crate::cross::Arch;
 use crate::util::{run, step};
 
@@ -64,8 +64,9 @@ const HOST_ETC: &[&str] = &[
     "etc/pam.d/common-session-noninteractive",
 ];
 
-/// The cached root filesystem of `arch`, built if missing (or `update`).
-pub fn ensure(base: &Path, arch: Arch, update: bool, apt: &Apt) -> Result<PathBuf> {
+/// The cached root filesystem of `arch`, built if missing (or `update`); `apt` is the private
+/// apt state, updated when first needed.
+pub fn ensure(base: &Path, arch: Arch, update: bool, apt: &mut Option<Apt>) -> Result<PathBuf> {
     let dir = base.join("rootfs").join(arch.name());
     let root = dir.join("root");
     let stamp = dir.join("packages");
@@ -78,6 +79,7 @@ pub fn ensure(base: &Path, arch: Arch, update: bool, apt: &Apt) -> Result<PathBu
         ));
         return Ok(root);
     }
+    let apt = apt_state(base, apt)?;
     if dir.exists() {
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
