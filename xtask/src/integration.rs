@@ -93,9 +93,9 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
-/// Host packages this command runs (besides the guest's qemu, `arch.rs`): a static busybox for the initramfs (and as the
-/// guest's init), kmod (depmod/modprobe for the guest's modules), xz/zstd (compressed
-/// modules), e2fsprogs (the scratch disk).
+/// Host packages this command runs besides the guest's qemu (`arch.rs`): a static busybox for
+/// the initramfs (and as the amd64 guest's init), kmod (depmod/modprobe for the guest's
+/// modules), xz/zstd (compressed modules), e2fsprogs (the scratch disk).
 pub const HOST_PACKAGES: &[&str] = &[
     "busybox-static",
     "kmod",

@@ -107,7 +107,9 @@ enum Cmd {
     },
     /// Boot Debian's own kernels (5.10, 6.1, 6.12) in qemu (TCG) on the host's root filesystem
     /// (read-only 9p + tmpfs overlay) and run the root integration tests inside each; prints
-    /// a table kernel × test (also in target/integration/report.md). Needs root.
+    /// a table kernel × test (also in target/integration/report.md). Needs root. With
+    /// `--arch arm64`: Debian's arm64 kernels under qemu-system-aarch64 on a root filesystem
+    /// unpacked from Debian's arm64 packages (report-arm64.md).
     Integration {
         #[command(flatten)]
         setup: SetupFlag,
@@ -143,8 +145,10 @@ enum Cmd {
         #[arg(long, default_value = "amd64")]
         arch: cross::Arch,
     },
-    /// Setup, build pgio-daemon (release) and the container image localhost/pgio:<version>
-    /// (and :latest) from deploy/image/Containerfile with podman (installed if missing).
+    /// Setup, build pgio-daemon (release) for amd64 and arm64 (cross-compiled) and their images
+    /// from deploy/image/Containerfile with podman (installed if missing):
+    /// localhost/pgio:<version>-<arch> (the host's also :<version> and :latest), each with an
+    /// SPDX SBOM, and the OCI index localhost/pgio:<version>-index; prints its digest.
     Image {
         #[command(flatten)]
         setup: SetupFlag,
