@@ -3,11 +3,13 @@
 //! architecture without running any of them (no emulation): apt resolves the packages below
 //! and their dependencies against an empty dpkg status in the private apt state, and each .deb
 //! is unpacked with `dpkg-deb -x`. Maintainer scripts do not run, so what they would have made
-//! is made here: the users and groups (the host's files: the same `postgres` uid), PAM's
-//! `common-*` files, `/bin/sh`. Cached under `target/integration/rootfs/<arch>/`; the stamp
-//! (the package list) is written last, so a half-built tree is redone.
+//! is made here: the users and groups (the host's passwd and group: the same `postgres` uid;
+//! shadow files with every password locked, not the host's hashes), PAM's `common-*` files,
+//! `/bin/sh`. Cached under `target/integration/rootfs/<arch>/`; the stamp (a layout version and
+//! the package list) is written last, so a half-built or outdated tree is redone.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -49,13 +51,14 @@ pub const PACKAGES: &[&str] = &[
     "postgresql-client-15",
 ];
 
+/// Bumped when [`fixups`] changes, so cached trees are rebuilt.
+const LAYOUT: u32 = 2;
+
 /// Host files copied in when the packages left them missing (their maintainer scripts write
 /// them on a real install). Text, the same for every architecture.
 const HOST_ETC: &[&str] = &[
     "etc/passwd",
     "etc/group",
-    "etc/shadow",
-    "etc/gshadow",
     "etc/nsswitch.conf",
     "etc/pam.d/common-auth",
     "etc/pam.d/common-account",
@@ -70,7 +73,7 @@ pub fn ensure(base: &Path, arch: Arch, update: bool, apt: &mut Option<Apt>) -> R
     let dir = base.join("rootfs").join(arch.name());
     let root = dir.join("root");
     let stamp = dir.join("packages");
-    let want = PACKAGES.join("\n") + "\n";
+    let want = format!("layout {LAYOUT}\n{}\n", PACKAGES.join("\n"));
     if !update && fs::read_to_string(&stamp).is_ok_and(|s| s == want) && root.is_dir() {
         step(format!(
             "{} root filesystem: cached {}",
@@ -146,6 +149,25 @@ fn fixups(root: &Path) -> Result<()> {
             fs::copy(&from, &to)
                 .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
         }
+    }
+    // PAM's account check reads them; every password locked (runuser as root needs none).
+    for (file, source, tail) in [
+        ("etc/shadow", "etc/passwd", ":*:::::::"),
+        ("etc/gshadow", "etc/group", ":*::"),
+    ] {
+        let to = root.join(file);
+        if to.exists() {
+            continue;
+        }
+        let names = fs::read_to_string(root.join(source)).unwrap_or_default();
+        let text: String = names
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .filter(|n| !n.is_empty())
+            .map(|n| format!("{n}{tail}\n"))
+            .collect();
+        fs::write(&to, text)?;
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o640))?;
     }
     // dash's postinst makes /bin/sh.
     let sh = root.join("bin/sh");
