@@ -87,7 +87,7 @@ pub fn spdx(root: &Path, arch: Arch, version: &str, libraries: &[PathBuf]) -> Re
             }));
         }
     }
-    for (name, ver) in debian_packages(libraries) {
+    for (name, ver, deb_arch) in debian_packages(libraries) {
         let id = spdx_id("deb", &name, &ver);
         packages.push(json!({
             "SPDXID": id,
@@ -101,7 +101,7 @@ pub fn spdx(root: &Path, arch: Arch, version: &str, libraries: &[PathBuf]) -> Re
             "externalRefs": [{
                 "referenceCategory": "PACKAGE-MANAGER",
                 "referenceType": "purl",
-                "referenceLocator": format!("pkg:deb/debian/{name}@{ver}?arch={}", arch.name()),
+                "referenceLocator": format!("pkg:deb/debian/{name}@{ver}?arch={deb_arch}"),
             }],
         }));
         relationships.push(json!({
@@ -220,22 +220,35 @@ fn closure(meta: &Value) -> Result<Vec<Value>> {
 }
 
 /// (package, version) of the Debian packages owning `files`; files dpkg does not know are left
-/// out.
-fn debian_packages(files: &[PathBuf]) -> BTreeSet<(String, String)> {
+/// out. `dpkg -S` prints `pkg:arch: path` for a multi-arch package: the name is before the
+/// first `:`.
+fn debian_packages(files: &[PathBuf]) -> BTreeSet<(String, String, String)> {
     let mut out = BTreeSet::new();
     for f in files {
+        // dpkg knows a file by the path its package ships (`/lib/x86_64-linux-gnu/libc.so.6`),
+        // which on a merged-/usr host is not the canonical one: the path as given, then that.
         let real = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
-        let Ok(owner) = output(Command::new("dpkg").arg("-S").arg(&real)) else {
+        let Some(owner) = [f, &real]
+            .into_iter()
+            .find_map(|p| output(Command::new("dpkg").arg("-S").arg(p)).ok())
+        else {
             continue;
         };
         // `libc6-arm64-cross: /usr/aarch64-linux-gnu/lib/libc.so.6`
         let Some(pkg) = owner.lines().next().and_then(|l| l.split(':').next()) else {
             continue;
         };
-        let Ok(ver) = output(Command::new("dpkg-query").args(["-W", "-f=${Version}", pkg])) else {
+        let Ok(info) = output(Command::new("dpkg-query").args([
+            "-W",
+            "-f=${Version} ${Architecture}\n",
+            pkg.trim(),
+        ])) else {
             continue;
         };
-        out.insert((pkg.trim().to_owned(), ver.trim().to_owned()));
+        // The cross packages are `all`; the host's are its architecture.
+        if let Some((ver, arch)) = info.lines().next().and_then(|l| l.split_once(' ')) {
+            out.insert((pkg.trim().to_owned(), ver.to_owned(), arch.to_owned()));
+        }
     }
     out
 }
