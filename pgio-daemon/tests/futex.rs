@@ -1,7 +1,7 @@
 //! Test c: 10 FUTEX_WAIT_BITSET|PRIVATE waits of ~2 ms land exactly in the 1–4 ms buckets.
-//! Under an emulator (`PGIO_TEST_EMULATED`) whose timers fire late, pgio's count in them must
-//! equal the count the waiting process measured itself (arm64 under TCG stretches 1–2 of 10
-//! waits past 4 ms).
+//! Under an emulator (`PGIO_TEST_EMULATED`) whose timers fire late (arm64 under TCG stretches
+//! 1–3 of 10 waits past 4 ms), pgio's count in them must be at least the count the waiting
+//! process measured itself: pgio times the syscall, which the process's own clock contains.
 mod common;
 
 use common::Daemon;
@@ -78,10 +78,11 @@ fn ten_two_ms_futex_waits_in_the_1_to_4_ms_buckets() {
             daemon.stop().expect("clean daemon exit");
             return;
         }
-        if emulated().is_some() && own_in_range < WAITS && waits == own_in_range as f64 {
+        if emulated().is_some() && own_in_range < WAITS && waits >= own_in_range as f64 {
             eprintln!(
-                "emulated: the process itself saw {} of {WAITS} waits outside (1 ms, 4 ms]; pgio agrees",
-                WAITS - own_in_range
+                "emulated: the process itself saw {} of {WAITS} waits outside (1 ms, 4 ms], pgio {}",
+                WAITS - own_in_range,
+                WAITS as f64 - waits
             );
             daemon.stop().expect("clean daemon exit");
             return;
