@@ -63,22 +63,68 @@ pub fn build_image(
     tags: &[String],
     build_args: &[(&str, &str)],
 ) -> Result<Image> {
+    let files = shared_libraries(binary)?
+        .into_iter()
+        .map(|l| (l.clone(), l))
+        .collect::<Vec<_>>();
+    let mut image = build_image_with(&ImageInput {
+        binary,
+        files: &files,
+        platform: None,
+        containerfile,
+        context_dir,
+        tags,
+        build_args,
+    })?;
+    image.libraries = files.into_iter().map(|(from, _)| from).collect();
+    Ok(image)
+}
+
+/// What [`build_image_with`] puts into an image.
+pub struct ImageInput<'a> {
+    /// Becomes `/pgio-daemon`.
+    pub binary: &'a Path,
+    /// (file on this host, absolute path in the image): its libraries, an SBOM.
+    pub files: &'a [(PathBuf, PathBuf)],
+    /// `linux/arm64`: `podman build --platform`. A `FROM scratch` image of COPYs needs no
+    /// emulation for a foreign platform; `None` builds for the host's.
+    pub platform: Option<&'a str>,
+    pub containerfile: &'a Path,
+    /// Emptied first.
+    pub context_dir: &'a Path,
+    pub tags: &'a [String],
+    /// `--build-arg` pairs.
+    pub build_args: &'a [(&'a str, &'a str)],
+}
+
+/// Builds the image of `input.containerfile` from a context holding `rootfs/pgio-daemon` and
+/// each of `input.files` at its image path; `libraries` of the result are those image paths.
+pub fn build_image_with(input: &ImageInput<'_>) -> Result<Image> {
+    let tags = input.tags;
     ensure!(!tags.is_empty(), "an image needs at least one tag");
+    let context_dir = input.context_dir;
     let rootfs = context_dir.join("rootfs");
     if context_dir.exists() {
         std::fs::remove_dir_all(context_dir)
             .with_context(|| format!("emptying {}", context_dir.display()))?;
     }
     std::fs::create_dir_all(&rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    copy_file(binary, &rootfs.join("pgio-daemon"))?;
-    let libraries = shared_libraries(binary)?;
-    for lib in &libraries {
-        let rel = lib.strip_prefix("/").unwrap_or(lib);
-        copy_file(lib, &rootfs.join(rel))?;
+    copy_file(input.binary, &rootfs.join("pgio-daemon"))?;
+    for (from, to) in input.files {
+        ensure!(
+            to.is_absolute(),
+            "image path {} is not absolute",
+            to.display()
+        );
+        let rel = to.strip_prefix("/").unwrap_or(to);
+        copy_file(from, &rootfs.join(rel))?;
     }
     let mut build = podman();
-    build.arg("build").arg("--file").arg(containerfile);
-    for (k, v) in build_args {
+    build.arg("build").arg("--file").arg(input.containerfile);
+    if let Some(p) = input.platform {
+        build.arg("--platform").arg(p);
+    }
+    for (k, v) in input.build_args {
         build.arg("--build-arg").arg(format!("{k}={v}"));
     }
     for t in tags {
@@ -101,7 +147,7 @@ pub fn build_image(
         tags: tags.to_vec(),
         id: id.to_owned(),
         size_bytes: size.parse().context("image size")?,
-        libraries,
+        libraries: input.files.iter().map(|(_, to)| to.clone()).collect(),
     })
 }
 

@@ -4,6 +4,14 @@
 //! unpacked, never installed on the host. The tests are the release test binaries the host
 //! built, run inside the guest as they are; results come back through a second, writable 9p
 //! share and are printed as a table kernel × test.
+//!
+//! `--arch arm64` boots Debian's arm64 kernels under qemu-system-aarch64 (TCG) the same way; the
+//! binaries are cross-compiled, and since the host's root is amd64 the guest's root is built
+//! from Debian's arm64 packages (`rootfs.rs`), with the workspace as a second share at its own
+//! path. `arch.rs` holds what differs.
+
+mod arch;
+mod rootfs;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
+use crate::cross::{self, Arch};
 use crate::util::{describe, fmt_duration, is_root, output, run, step, target_dir};
 
 /// A Debian kernel series pgio is tested on.
@@ -22,27 +31,53 @@ pub struct Kernel {
     /// `5.10`, `6.1`, `6.12`: the upstream series, and the `--kernel` value.
     pub series: &'static str,
     /// Metapackages whose `Depends` name the current image package of the series; the newest
-    /// version of the series wins (package names change with every ABI bump).
+    /// version of the series wins (package names change with every ABI bump). `{arch}`: the
+    /// Debian architecture.
     metapackages: &'static [&'static str],
     /// What pgio lacks on it, for the report.
     pub note: &'static str,
+    /// The guest's architecture (`--arch`).
+    pub arch: Arch,
+}
+
+impl Kernel {
+    /// `6.1` on amd64 (the names the report and the caches had before arm64), `6.1-arm64`.
+    pub fn label(&self) -> String {
+        match self.arch {
+            Arch::Amd64 => self.series.to_owned(),
+            a => format!("{}-{}", self.series, a.name()),
+        }
+    }
+
+    fn guest(&self) -> &'static arch::Guest {
+        arch::guest(self.arch)
+    }
+
+    fn metapackages(&self) -> impl Iterator<Item = String> + '_ {
+        self.metapackages
+            .iter()
+            .map(|m| m.replace("{arch}", self.arch.name()))
+    }
 }
 
 pub const KERNELS: &[Kernel] = &[
     Kernel {
         series: "5.10",
-        metapackages: &["linux-image-amd64"],
+        metapackages: &["linux-image-{arch}"],
         note: "bullseye; no block_io_start (6.5), no task storage for tracing (5.11)",
+        arch: Arch::Amd64,
     },
     Kernel {
         series: "6.1",
-        metapackages: &["linux-image-amd64"],
+        metapackages: &["linux-image-{arch}"],
         note: "bookworm; no block_io_start (6.5)",
+        arch: Arch::Amd64,
     },
     Kernel {
         series: "6.12",
-        metapackages: &["linux-image-6.12-amd64", "linux-image-amd64"],
+        metapackages: &["linux-image-6.12-{arch}", "linux-image-{arch}"],
         note: "bookworm-security (LTS) or bookworm-backports",
+        arch: Arch::Amd64,
     },
 ];
 
@@ -58,11 +93,10 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
-/// Host packages this command runs: qemu, a static busybox for the initramfs (and as the
-/// guest's init), kmod (depmod/modprobe for the guest's modules), xz/zstd (compressed
-/// modules), e2fsprogs (the scratch disk).
+/// Host packages this command runs besides the guest's qemu (`arch.rs`): a static busybox for
+/// the initramfs (and as the amd64 guest's init), kmod (depmod/modprobe for the guest's
+/// modules), xz/zstd (compressed modules), e2fsprogs (the scratch disk).
 pub const HOST_PACKAGES: &[&str] = &[
-    "qemu-system-x86",
     "busybox-static",
     "kmod",
     "xz-utils",
@@ -74,6 +108,8 @@ pub const HOST_PACKAGES: &[&str] = &[
     "open-iscsi",
     // The device_mapper test's dm-delay device.
     "dmsetup",
+    // Checks that cross-compiled binaries are of the guest's architecture.
+    "file",
 ];
 
 /// Modules the initramfs loads to reach the root filesystem (with their dependencies).
@@ -106,8 +142,10 @@ pub struct Options {
     pub update_kernels: bool,
     /// Run the tests even when `pgio-daemon check` fails in the guest.
     pub run_if_check_fails: bool,
-    /// Possible CPUs of the guest (`-smp 2,maxcpus=N`).
+    /// Possible CPUs of the guest (`-smp 2,maxcpus=N`; arm64 has 2, no CPU hotplug).
     pub max_cpus: u32,
+    /// The guests' architecture (every kernel of `kernels` has it).
+    pub arch: Arch,
 }
 
 /// A big node's possible CPUs: per-CPU maps cost their values once per possible CPU, and
@@ -162,7 +200,7 @@ impl std::fmt::Display for TestSpec {
 /// What `cargo xtask test` runs: Debian 6.1 (the fallback path), these tests, the defaults.
 pub fn ci_options(tests: &[&str]) -> Result<Options> {
     Ok(Options {
-        kernels: kernel_by_series("6.1")?,
+        kernels: kernel_by_series("6.1", Arch::Amd64)?,
         tests: tests
             .iter()
             .map(|t| t.parse())
@@ -172,19 +210,22 @@ pub fn ci_options(tests: &[&str]) -> Result<Options> {
         update_kernels: false,
         run_if_check_fails: false,
         max_cpus: DEFAULT_MAX_CPUS,
+        arch: Arch::Amd64,
     })
 }
 
-pub fn kernel_by_series(s: &str) -> Result<Vec<Kernel>> {
+/// The kernels of `s` (`6.1`, `5.10,6.12`, `all`) for guests of `arch`.
+pub fn kernel_by_series(s: &str, arch: Arch) -> Result<Vec<Kernel>> {
+    let with_arch = |k: &Kernel| Kernel { arch, ..*k };
     if s == "all" {
-        return Ok(KERNELS.to_vec());
+        return Ok(KERNELS.iter().map(with_arch).collect());
     }
     s.split(',')
         .map(|one| {
             KERNELS
                 .iter()
                 .find(|k| k.series == one)
-                .copied()
+                .map(with_arch)
                 .with_context(|| {
                     let known: Vec<_> = KERNELS.iter().map(|k| k.series).collect();
                     format!("unknown kernel {one:?} (known: {}, all)", known.join(", "))
@@ -210,10 +251,18 @@ pub fn integration(root: &Path, skip_setup: bool, opts: &Options) -> Result<()> 
          reads the whole host root over 9p: run it as root"
     );
     let started = Instant::now();
+    ensure!(
+        opts.kernels.iter().all(|k| k.arch == opts.arch),
+        "every kernel must be of the guests' architecture {}",
+        opts.arch.name()
+    );
+    let guest = arch::guest(opts.arch);
     if !skip_setup {
         crate::apt::ensure(HOST_PACKAGES)?;
+        crate::apt::ensure(&[guest.qemu_package])?;
     }
     crate::commands::build(root, true, skip_setup)?;
+    cross::ensure(opts.arch, skip_setup)?;
     let host = host_build(root, opts)?;
     let base = target_dir(root).join("integration");
     let mut reports = Vec::new();
@@ -231,7 +280,10 @@ pub fn integration(root: &Path, skip_setup: bool, opts: &Options) -> Result<()> 
         reports.push(report);
     }
     let text = render_all(&reports);
-    let path = base.join("report.md");
+    let path = base.join(match opts.arch {
+        Arch::Amd64 => "report.md".to_owned(),
+        a => format!("report-{}.md", a.name()),
+    });
     fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     println!("{text}");
     step(format!(
@@ -258,7 +310,7 @@ fn is_whole_matrix(opts: &Options) -> bool {
     let kernels: Vec<&str> = opts.kernels.iter().map(|k| k.series).collect();
     let all: Vec<&str> = KERNELS.iter().map(|k| k.series).collect();
     let tests: Vec<String> = opts.tests.iter().map(TestSpec::to_string).collect();
-    kernels == all && tests == DEFAULT_TESTS
+    opts.arch == Arch::Amd64 && kernels == all && tests == DEFAULT_TESTS
 }
 
 /// KERNELS.md: the report of a whole-matrix run that passed, with where it ran.
@@ -286,29 +338,37 @@ fn kernels_md(root: &Path, report: &str, took: Duration) -> String {
     )
 }
 
+/// The release binaries for the guests' architecture (`--target` when it is not the host's).
 fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
     let target = target_dir(root);
-    let mut load = Command::new("cargo");
-    load.current_dir(root).args([
-        "build",
-        "--release",
-        "-p",
-        "pgio-testkit",
-        "--bin",
-        "pgio-load",
-    ]);
+    let arch = opts.arch;
+    let mut load = cross::cargo(
+        root,
+        arch,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "pgio-testkit",
+            "--bin",
+            "pgio-load",
+        ],
+    );
     step(describe(&load));
     run(&mut load)?;
 
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).args([
-        "test",
-        "--release",
-        "--no-run",
-        "--message-format=json",
-        "-p",
-        "pgio-daemon",
-    ]);
+    let mut cmd = cross::cargo(
+        root,
+        arch,
+        &[
+            "test",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+            "-p",
+            "pgio-daemon",
+        ],
+    );
     for t in &opts.tests {
         cmd.args(["--test", &t.name]);
     }
@@ -326,18 +386,44 @@ fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
         .collect::<Result<Vec<_>>>()?;
 
     step("building the Longhorn stand-in (Go)");
-    let longhorn_dir = pgio_testkit::longhorn::standin_bin_dir()?;
+    let longhorn_dir = if arch.is_host() {
+        pgio_testkit::longhorn::standin_bin_dir()?
+    } else {
+        cross::build_longhorn_standin(root, arch)?
+    };
     // The guest has no network: download the PostgreSQL builds the tests ask for here.
     let pg_dist = target.join("pg-dist");
+    let majors = pg_majors(&opts.tests);
+    // The builds the testkit downloads are the host's architecture; arm64 guests have
+    // Debian's PostgreSQL 15 only.
+    ensure!(
+        arch.is_host() || majors.is_empty(),
+        "PostgreSQL {majors:?} for {} guests: only Debian's 15 is in their root filesystem",
+        arch.name()
+    );
     // SAFETY: single-threaded here; the testkit reads it on this thread only.
     unsafe { std::env::set_var(pgio_testkit::pgdist::PG_DIST_ENV, &pg_dist) };
-    for major in pg_majors(&opts.tests) {
+    for major in majors {
         step(format!("PostgreSQL {major} for the guest"));
         pgio_testkit::pg_bin_dir(major)?;
     }
+    let (daemon, load) = if arch.is_host() {
+        (
+            crate::commands::daemon_binary(root)?,
+            target.join("release").join("pgio-load"),
+        )
+    } else {
+        let daemon = cross::build_daemon(root, arch)?;
+        let load = cross::release_dir(root, arch).join("pgio-load");
+        for (_, exe) in &tests {
+            cross::check_file(exe, arch)?;
+        }
+        cross::check_file(&load, arch)?;
+        (daemon, load)
+    };
     Ok(HostBuild {
-        daemon: crate::commands::daemon_binary(root)?,
-        load: target.join("release").join("pgio-load"),
+        daemon,
+        load,
         longhorn_dir,
         pg_dist,
         tests,
@@ -432,6 +518,12 @@ impl Apt {
         ] {
             c.arg("-o").arg(format!("{k}={v}"));
         }
+        // Every guest architecture's indices, whatever this run boots: one state serves all.
+        c.args(["-o", "APT::Architectures::="]);
+        for a in Arch::ALL {
+            c.arg("-o")
+                .arg(format!("APT::Architectures::={}", a.name()));
+        }
         c.env("DEBIAN_FRONTEND", "noninteractive");
         c
     }
@@ -444,8 +536,9 @@ impl Apt {
     /// The image package of `kernel`'s newest version in the configured suites.
     fn resolve(&self, kernel: &Kernel) -> Result<(String, String)> {
         let mut best: Option<(String, String)> = None;
-        for meta in kernel.metapackages {
-            let Ok(text) = output(self.cmd("apt-cache").args(["show", meta])) else {
+        for meta in kernel.metapackages() {
+            let meta = format!("{meta}:{}", kernel.arch.name());
+            let Ok(text) = output(self.cmd("apt-cache").args(["show", &meta])) else {
                 continue;
             };
             for stanza in text.split("\n\n") {
@@ -481,8 +574,9 @@ impl Apt {
         }
         best.with_context(|| {
             format!(
-                "no linux-image package of {} in {}",
+                "no linux-image package of {} for {} in {}",
                 kernel.series,
+                kernel.arch.name(),
                 SOURCES.iter().map(|s| s.1).collect::<Vec<_>>().join(", ")
             )
         })
@@ -524,7 +618,7 @@ fn kernel_tree(
     update: bool,
     apt: &mut Option<Apt>,
 ) -> Result<KernelTree> {
-    let dir = base.join("kernels").join(kernel.series);
+    let dir = base.join("kernels").join(kernel.label());
     let stamp = dir.join("package");
     let root = dir.join("root");
     if !update
@@ -533,7 +627,7 @@ fn kernel_tree(
     {
         step(format!(
             "kernel {}: cached {}",
-            kernel.series,
+            kernel.label(),
             package.trim()
         ));
         return Ok(KernelTree {
@@ -542,16 +636,9 @@ fn kernel_tree(
             root,
         });
     }
-    let apt = match apt {
-        Some(a) => a,
-        None => {
-            let a = Apt::new(base)?;
-            a.update()?;
-            apt.insert(a)
-        }
-    };
+    let apt = apt_state(base, apt)?;
     let (version, package) = apt.resolve(kernel)?;
-    step(format!("kernel {}: {package} {version}", kernel.series));
+    step(format!("kernel {}: {package} {version}", kernel.label()));
     if dir.exists() {
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
@@ -559,7 +646,11 @@ fn kernel_tree(
     fs::create_dir_all(&debs)?;
     run(apt
         .cmd("apt-get")
-        .args(["-q", "download", &package])
+        .args([
+            "-q",
+            "download",
+            &format!("{package}:{}", kernel.arch.name()),
+        ])
         .current_dir(&debs))?;
     let deb = fs::read_dir(&debs)?
         .flatten()
@@ -581,6 +672,18 @@ fn kernel_tree(
     })
 }
 
+/// The private apt state, its indices updated once per run when first needed.
+fn apt_state<'a>(base: &Path, apt: &'a mut Option<Apt>) -> Result<&'a Apt> {
+    Ok(match apt {
+        Some(a) => a,
+        None => {
+            let a = Apt::new(base)?;
+            a.update()?;
+            apt.insert(a)
+        }
+    })
+}
+
 fn single_kver(root: &Path) -> Option<String> {
     let mut names = fs::read_dir(root.join("lib/modules"))
         .ok()?
@@ -591,14 +694,28 @@ fn single_kver(root: &Path) -> Option<String> {
 }
 
 /// The busybox initramfs: static busybox, `init.sh`, the root filesystem's modules
-/// (decompressed: busybox insmod takes plain .ko), `/config`.
-fn initramfs(tree: &KernelTree, guest_script: &Path, out: &Path) -> Result<()> {
+/// (decompressed: busybox insmod takes plain .ko), `/config`. `guest_root`: the root
+/// filesystem built for a foreign guest (its busybox goes in, and the workspace is shared
+/// separately); `None`: the host's.
+fn initramfs(
+    tree: &KernelTree,
+    guest_root: Option<&Path>,
+    workspace: &Path,
+    guest_script: &Path,
+    out: &Path,
+) -> Result<()> {
     let stage = pgio_testkit::temp_dir().context("temp dir for the initramfs")?;
     let s = stage.path();
     fs::create_dir_all(s.join("bin"))?;
     fs::create_dir_all(s.join("modules"))?;
+    // The host's runs cpio here; the guest's runs in the guest.
     let busybox = busybox()?;
-    fs::copy(&busybox, s.join("bin/busybox"))?;
+    let guest_busybox = match guest_root {
+        Some(r) => r.join("bin/busybox"),
+        None => busybox.clone(),
+    };
+    fs::copy(&guest_busybox, s.join("bin/busybox"))
+        .with_context(|| format!("copying {}", guest_busybox.display()))?;
     let mut order: Vec<String> = Vec::new();
     for m in INITRAMFS_MODULES {
         let deps = output(
@@ -654,7 +771,22 @@ fn initramfs(tree: &KernelTree, guest_script: &Path, out: &Path) -> Result<()> {
             ("KVER", tree.kver.clone()),
             ("MODDIR", tree.moddir().display().to_string()),
             ("GUEST_SCRIPT", guest_script.display().to_string()),
-            ("BUSYBOX", busybox.display().to_string()),
+            // Its path in the guest's root, where switch_root runs it as init.
+            (
+                "BUSYBOX",
+                match guest_root {
+                    Some(_) => "/bin/busybox".to_owned(),
+                    None => busybox.display().to_string(),
+                },
+            ),
+            // Where the `workspace` share goes (empty: the host root already has it).
+            (
+                "WORKSPACE_SHARE",
+                match guest_root {
+                    Some(_) => workspace.display().to_string(),
+                    None => String::new(),
+                },
+            ),
         ])?,
     )?;
     // newc archive of the staged tree, paths relative to it.
@@ -737,8 +869,19 @@ fn run_kernel(
     opts: &Options,
 ) -> Result<KernelReport> {
     let mut apt = None;
+    let guest = kernel.guest();
     let tree = kernel_tree(base, kernel, opts.update_kernels, &mut apt)?;
-    let run_dir = base.join("runs").join(kernel.series);
+    let guest_root = if guest.host_root {
+        None
+    } else {
+        Some(rootfs::ensure(
+            base,
+            kernel.arch,
+            opts.update_kernels,
+            &mut apt,
+        )?)
+    };
+    let run_dir = base.join("runs").join(kernel.label());
     if run_dir.exists() {
         fs::remove_dir_all(&run_dir).with_context(|| format!("removing {}", run_dir.display()))?;
     }
@@ -746,7 +889,7 @@ fn run_kernel(
     fs::create_dir_all(&results)?;
     let guest_script = root.join("xtask/src/integration/guest.sh");
     let initrd = run_dir.join("initramfs.cpio");
-    initramfs(&tree, &guest_script, &initrd)?;
+    initramfs(&tree, guest_root.as_deref(), root, &guest_script, &initrd)?;
 
     // The scratch disk: /tmp in the guest, ext4 made here (no lazy init IO in the guest).
     let scratch = Scratch(run_dir.join("scratch.img"));
@@ -760,6 +903,12 @@ fn run_kernel(
     let spare = Scratch(run_dir.join("spare.img"));
     fs::File::create(&spare.0)?.set_len(1 << 30)?;
 
+    // arm's virt machine has no CPU hotplug: its possible CPUs are the online ones.
+    let max_cpus = if guest.hotplug_cpus {
+        opts.max_cpus.max(2)
+    } else {
+        2
+    };
     let tests: Vec<String> = host
         .tests
         .iter()
@@ -782,7 +931,7 @@ fn run_kernel(
         ("PGIO_PG_DIST", host.pg_dist.display().to_string()),
         ("PGIO_TEST_SPARE_DISK", "/dev/vdb".to_owned()),
         // What the guest's kernel must report (big_node fails on fewer).
-        ("PGIO_TEST_POSSIBLE_CPUS", opts.max_cpus.max(2).to_string()),
+        ("PGIO_TEST_POSSIBLE_CPUS", max_cpus.to_string()),
         ("TEST_TIMEOUT", opts.test_timeout.as_secs().to_string()),
         (
             "RUN_IF_CHECK_FAILS",
@@ -793,26 +942,38 @@ fn run_kernel(
     fs::write(results.join("run.env"), env)?;
 
     let console = run_dir.join("console.log");
-    let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp"])
-        .arg(format!("2,maxcpus={}", opts.max_cpus.max(2)))
+    let mut qemu = Command::new(guest.qemu);
+    // The guest's root: the host's, or the one built for its architecture plus the workspace
+    // (the binaries, the guest script, the kernel's modules) at the same path.
+    let mut shares = vec![(
+        "hostroot",
+        guest_root.clone().unwrap_or_else(|| PathBuf::from("/")),
+    )];
+    if guest_root.is_some() {
+        shares.push(("workspace", root.to_path_buf()));
+    }
+    qemu.args(guest.machine)
+        .arg("-smp")
+        .arg(format!("2,maxcpus={max_cpus}"))
         .args(["-m", &format!("{}M", opts.memory_mb)])
         .args(["-display", "none", "-monitor", "none", "-no-reboot"])
         .arg("-kernel")
         .arg(tree.vmlinuz())
         .arg("-initrd")
         .arg(&initrd)
-        // tsc=reliable: 6.1 under TCG otherwise marks the TSC unstable and falls back to a
-        // clocksource that makes every timestamp a slow emulated device read; harmless on
-        // the others. panic=-1 + -no-reboot: a panic ends qemu at once.
-        .args(["-append", "console=ttyS0 panic=-1 tsc=reliable"])
-        .args([
-            "-fsdev",
-            "local,id=hostroot,path=/,readonly=on,security_model=passthrough,multidevs=remap",
-            "-device",
-            "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
-        ])
-        .arg("-fsdev")
+        // panic=-1 + -no-reboot: a panic ends qemu at once.
+        .arg("-append")
+        .arg(format!("console={} panic=-1 {}", guest.console, guest.append).trim_end());
+    for (tag, path) in &shares {
+        qemu.arg("-fsdev")
+            .arg(format!(
+                "local,id={tag},path={},readonly=on,security_model=passthrough,multidevs=remap",
+                path.display()
+            ))
+            .arg("-device")
+            .arg(format!("virtio-9p-pci,fsdev={tag},mount_tag={tag}"));
+    }
+    qemu.arg("-fsdev")
         .arg(format!(
             "local,id=results,path={},security_model=none",
             results.display()
@@ -831,9 +992,12 @@ fn run_kernel(
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
         .stdin(Stdio::null());
-    step(format!("kernel {}: {}", kernel.series, describe(&qemu)));
+    step(format!("kernel {}: {}", kernel.label(), describe(&qemu)));
     let started = Instant::now();
-    let mut child = Qemu(qemu.spawn().context("starting qemu-system-x86_64")?);
+    let mut child = Qemu(
+        qemu.spawn()
+            .with_context(|| format!("starting {}", guest.qemu))?,
+    );
     // Boot and shutdown take well under 2 minutes even under TCG.
     let limit = opts.test_timeout * (host.tests.len() as u32 + 1) + Duration::from_secs(120);
     let mut shown = 0;
@@ -876,7 +1040,7 @@ fn show_progress(results: &Path, kernel: &Kernel, shown: usize) -> usize {
                 "skipped" => "not run (check failed)",
                 _ => "FAIL",
             };
-            step(format!("kernel {}: {name}: {verdict}", kernel.series));
+            step(format!("kernel {}: {name}: {verdict}", kernel.label()));
         }
     }
     lines.len()
@@ -906,7 +1070,7 @@ pub struct KernelReport {
 impl KernelReport {
     fn failed(kernel: &Kernel, why: String) -> KernelReport {
         KernelReport {
-            series: kernel.series.to_owned(),
+            series: kernel.label(),
             note: kernel.note,
             package: String::new(),
             boot: None,
@@ -1032,7 +1196,7 @@ fn collect(
         });
     }
     Ok(KernelReport {
-        series: kernel.series.to_owned(),
+        series: kernel.label(),
         note: kernel.note,
         package: tree.package.clone(),
         boot,
@@ -1122,7 +1286,7 @@ mod tests {
     fn only_the_whole_matrix_writes_kernels_md() {
         let mut opts = ci_options(DEFAULT_TESTS).unwrap();
         assert!(!is_whole_matrix(&opts), "6.1 alone");
-        opts.kernels = kernel_by_series("all").unwrap();
+        opts.kernels = kernel_by_series("all", Arch::Amd64).unwrap();
         assert!(is_whole_matrix(&opts));
         opts.tests.pop();
         assert!(!is_whole_matrix(&opts), "fewer tests");
@@ -1130,9 +1294,15 @@ mod tests {
 
     #[test]
     fn kernels_by_name() {
-        assert_eq!(kernel_by_series("all").unwrap().len(), KERNELS.len());
-        assert_eq!(kernel_by_series("6.1").unwrap()[0].series, "6.1");
-        assert!(kernel_by_series("4.19").is_err());
+        assert_eq!(
+            kernel_by_series("all", Arch::Amd64).unwrap().len(),
+            KERNELS.len()
+        );
+        assert_eq!(
+            kernel_by_series("6.1", Arch::Amd64).unwrap()[0].series,
+            "6.1"
+        );
+        assert!(kernel_by_series("4.19", Arch::Amd64).is_err());
     }
 
     #[test]

@@ -6,9 +6,11 @@
 mod apt;
 mod bench;
 mod commands;
+mod cross;
 mod deploy;
 mod image;
 mod integration;
+mod sbom;
 mod toolchain;
 mod util;
 
@@ -105,7 +107,9 @@ enum Cmd {
     },
     /// Boot Debian's own kernels (5.10, 6.1, 6.12) in qemu (TCG) on the host's root filesystem
     /// (read-only 9p + tmpfs overlay) and run the root integration tests inside each; prints
-    /// a table kernel × test (also in target/integration/report.md). Needs root.
+    /// a table kernel × test (also in target/integration/report.md). Needs root. With
+    /// `--arch arm64`: Debian's arm64 kernels under qemu-system-aarch64 on a root filesystem
+    /// unpacked from Debian's arm64 packages (report-arm64.md).
     Integration {
         #[command(flatten)]
         setup: SetupFlag,
@@ -135,9 +139,16 @@ enum Cmd {
         /// memory follows possible CPUs, so every guest is a big node by default.
         #[arg(long, default_value_t = integration::DEFAULT_MAX_CPUS)]
         max_cpus: u32,
+        /// The guests' architecture: amd64 (qemu-system-x86_64 on the host's root filesystem)
+        /// or arm64 (qemu-system-aarch64 -M virt, cross-compiled binaries, a root filesystem
+        /// unpacked from Debian's arm64 packages; 2 possible CPUs, no hotplug).
+        #[arg(long, default_value = "amd64")]
+        arch: cross::Arch,
     },
-    /// Setup, build pgio-daemon (release) and the container image localhost/pgio:<version>
-    /// (and :latest) from deploy/image/Containerfile with podman (installed if missing).
+    /// Setup, build pgio-daemon (release) for amd64 and arm64 (cross-compiled) and their images
+    /// from deploy/image/Containerfile with podman (installed if missing):
+    /// localhost/pgio:<version>-<arch> (the host's also :<version> and :latest), each with an
+    /// SPDX SBOM, and the OCI index localhost/pgio:<version>-index; prints its digest.
     Image {
         #[command(flatten)]
         setup: SetupFlag,
@@ -186,6 +197,7 @@ fn real_main() -> Result<()> {
             update_kernels,
             run_if_check_fails,
             max_cpus,
+            arch,
         } => {
             let tests = if tests.is_empty() {
                 integration::DEFAULT_TESTS
@@ -196,13 +208,14 @@ fn real_main() -> Result<()> {
                 tests
             };
             let opts = integration::Options {
-                kernels: integration::kernel_by_series(&kernel)?,
+                kernels: integration::kernel_by_series(&kernel, arch)?,
                 tests,
                 test_timeout: std::time::Duration::from_secs(test_timeout_secs),
                 memory_mb,
                 update_kernels,
                 run_if_check_fails,
                 max_cpus,
+                arch,
             };
             integration::integration(&root, setup.skip_setup, &opts)
         }

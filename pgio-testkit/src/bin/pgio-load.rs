@@ -410,7 +410,7 @@ fn execute(p: Prepared) -> Result<Report> {
             }
             Ok((n_pread64 + n_preadv).into())
         }
-        Prepared::FutexWait { n, ms } => futex_waits(n, ms).map(Report::from),
+        Prepared::FutexWait { n, ms } => futex_waits(n, ms),
         Prepared::FutexWake { n } => futex_wakes(n).map(Report::from),
         Prepared::IoUring {
             mut ring,
@@ -548,16 +548,33 @@ fn iou_wrk_threads() -> Result<u64> {
     Ok(n)
 }
 
-fn futex_waits(n: u64, ms: u64) -> Result<u64> {
+/// Bounds of the histogram buckets around a 2 ms wait (2^20 and 2^22 ns): the load's own
+/// clock says how many of its waits fell outside them (`under_1ms`, `over_4ms` on the done
+/// line), so a test can tell an emulator's late timers from pgio's measurement.
+const FUTEX_LOW_NS: u64 = 1 << 20;
+const FUTEX_HIGH_NS: u64 = 1 << 22;
+
+fn monotonic() -> libc::timespec {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer (vDSO, not a syscall).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now
+}
+
+fn ns_between(a: libc::timespec, b: libc::timespec) -> u64 {
+    let ns = |t: libc::timespec| t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128;
+    u64::try_from(ns(b) - ns(a)).unwrap_or(0)
+}
+
+fn futex_waits(n: u64, ms: u64) -> Result<Report> {
     let word: u32 = 0;
     let mut eintr = 0u64;
+    let (mut under, mut over) = (0u64, 0u64);
     for i in 0..n {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid out pointer (vDSO, not a syscall).
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        let now = monotonic();
         let deadline = deadline_after(now, ms);
         // SAFETY: FUTEX_WAIT_BITSET reads `word` and `deadline`, both live for the call.
         let r = unsafe {
@@ -571,10 +588,18 @@ fn futex_waits(n: u64, ms: u64) -> Result<u64> {
                 libc::FUTEX_BITSET_MATCH_ANY,
             )
         };
+        // Read before anything else can run: the wait as this process saw it (a little more
+        // than its syscall's time).
+        let took = ns_between(now, monotonic());
         ensure!(
             r == -1,
             "futex wait #{i} returned {r} instead of timing out"
         );
+        if took <= FUTEX_LOW_NS {
+            under += 1;
+        } else if took > FUTEX_HIGH_NS {
+            over += 1;
+        }
         let err = std::io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::ETIMEDOUT) => {}
@@ -585,7 +610,10 @@ fn futex_waits(n: u64, ms: u64) -> Result<u64> {
     if eintr > 0 {
         eprintln!("pgio-load: {eintr} of {n} futex waits were interrupted (EINTR); counted anyway");
     }
-    Ok(n)
+    Ok(Report {
+        counted: n,
+        fields: vec![("under_1ms", under), ("over_4ms", over)],
+    })
 }
 
 fn futex_wakes(n: u64) -> Result<u64> {
@@ -781,7 +809,10 @@ mod tests {
     #[test]
     fn futex_waits_time_out() {
         let t = std::time::Instant::now();
-        assert_eq!(futex_waits(3, 10).unwrap(), 3);
+        let r = futex_waits(3, 10).unwrap();
+        assert_eq!(r.counted, 3);
         assert!(t.elapsed() >= std::time::Duration::from_millis(30));
+        // 10 ms waits are all above 4 ms by the load's own clock.
+        assert_eq!(r.fields, [("under_1ms", 0), ("over_4ms", 3)]);
     }
 }
