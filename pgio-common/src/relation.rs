@@ -12,6 +12,64 @@
 //! [`parse_path`] runs in the kernel, once per `openat` of a tracked process: a bounded loop
 //! over at most [`PATH_MAX_PARSED`] bytes, no recursion, every index masked.
 
+/// The relation histograms' place in the key quota arrays.
+pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(3);
+
+/// Slots of `RELATION_FDS`, the direct-mapped `(tgid, fd) → file` array that a tracked
+/// process' `openat` fills: 24 B each, 384 KiB. Two open files whose `(tgid, fd)` land on one
+/// slot: the later open takes it, and the earlier file's IO counts as `(other)` until it is
+/// opened again.
+pub const FD_SLOTS: u32 = 16_384;
+
+/// `openat` calls of tracked threads in flight at once (`RELATION_OPEN`, an LRU).
+pub const OPEN_MAX: u32 = 4_096;
+
+/// A file descriptor no slot is kept for: beyond u16 (PostgreSQL's stay far below), or a
+/// syscall without one.
+pub const FD_UNKNOWN: u16 = u16::MAX;
+
+/// One `RELATION_FDS` slot: the file `tgid`'s `fd` names, from its last `openat`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FdSlot {
+    /// [`fd_tag`] of its `(tgid, fd)`; 0: free.
+    pub tag: u64,
+    pub file: RelFile,
+}
+
+crate::abi_size!(FdSlot, 24, 8);
+crate::abi_pod!(FdSlot);
+
+/// Never 0: fd is below 2^16 and one is added.
+#[inline(always)]
+pub const fn fd_tag(tgid: u32, fd: u16) -> u64 {
+    (tgid as u64) << 32 | (fd as u64 + 1)
+}
+
+/// The slot `(tgid, fd)` may take (a multiplicative hash).
+#[inline(always)]
+pub const fn fd_slot(tgid: u32, fd: u16) -> u32 {
+    let x = fd_tag(tgid, fd).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 40) as u32 & (FD_SLOTS - 1)
+}
+
+/// Key of `RELATION_HIST`: one log2 slot of one (series, file, syscall, cache) histogram.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelationKey {
+    pub series: crate::SeriesId,
+    pub file: RelFile,
+    pub syscall: u8,
+    pub cache: u8,
+    pub slot: u8,
+    pub _pad: u8,
+}
+
+crate::abi_size!(RelationKey, 24, 4);
+crate::abi_size!(ParseState, 8 * 28 + 24, 4);
+crate::abi_size!(ParseScratch, 128 + 8 * 28 + 24, 4);
+crate::abi_pod!(RelationKey);
+
 /// Bytes of a path the kernel reads and parses; longer paths are cut (and parse as what their
 /// first bytes say, or as other).
 pub const PATH_MAX_PARSED: usize = 128;
@@ -40,7 +98,7 @@ pub enum Fork {
 /// A file as its path names it. For a relation: the tablespace its path is in (1663 for
 /// `base/`, 1664 for `global/`), the database (0 for `global/`) and the relfilenode.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RelFile {
     pub tablespace: u32,
     pub db: u32,
@@ -69,31 +127,40 @@ impl RelFile {
 }
 
 /// One `/`-separated component as the parser saw it.
-#[derive(Clone, Copy)]
-struct Component {
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Component {
     /// Its leading decimal digits' value (saturating), and how many there were.
     number: u32,
     digits: u32,
-    /// The fork suffix after the digits, if it is one of PostgreSQL's.
-    fork: u8,
-    /// Nothing after the digits (and fork) but an optional `.<digits>` segment.
-    clean: bool,
+    /// The fork suffix after the digits, if it is one of PostgreSQL's (`u8::MAX`: another).
+    fork: u32,
+    /// Something other than digits, a fork suffix and a `.<digits>` segment (0: clean).
+    unclean: u32,
     /// A `.` with no segment digits after it yet.
-    dot_pending: bool,
+    dot_pending: u32,
     len: u32,
     /// Of all its bytes ([`word_hash`]): names the directories PostgreSQL uses.
     hash: u32,
 }
 
-const EMPTY: Component = Component {
-    number: 0,
-    digits: 0,
-    fork: Fork::Main as u8,
-    clean: true,
-    dot_pending: false,
-    len: 0,
-    hash: 0,
-};
+/// The parser's state between bytes. In the kernel it lives in a per-CPU map value, not on
+/// the stack: the verifier then sees its fields as unknown numbers, and every byte's paths
+/// meet again at the next byte (exact counters on the stack make each path distinct, and a
+/// 128-byte loop exceeds the verifier's budget).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ParseState {
+    comps: [Component; MAX_COMPONENTS],
+    /// The current component's index; past the last: too many components.
+    n: u32,
+    /// Within the current component: past its leading digits, in a `_fork`, in a `.segment`.
+    after_digits: u32,
+    in_fork: u32,
+    in_segment: u32,
+    fork_first: u32,
+    _pad: u32,
+}
 
 #[inline(always)]
 const fn hash_step(h: u32, b: u8) -> u32 {
@@ -123,80 +190,89 @@ const MAX_COMPONENTS: usize = 8;
 
 /// What the path `p[..len]` (no NUL) names.
 pub fn parse_path(p: &[u8; PATH_MAX_PARSED], len: usize) -> RelFile {
-    let len = if len > PATH_MAX_PARSED {
-        PATH_MAX_PARSED
-    } else {
-        len
-    };
-    let mut comps = [EMPTY; MAX_COMPONENTS];
-    let mut n = 0usize;
-    // Within the current component: after the digits, after a `_`, after a `.`.
-    let mut after_digits = false;
-    let mut in_fork = false;
-    let mut in_segment = false;
-    let mut fork_first = 0u8;
+    let mut st = ParseState::default();
     let mut i = 0usize;
     while i < len && i < PATH_MAX_PARSED {
-        let b = p[i & (PATH_MAX_PARSED - 1)];
+        parse_byte(&mut st, p[i & (PATH_MAX_PARSED - 1)]);
         i += 1;
-        if b == b'/' {
-            n += 1;
-            if n >= MAX_COMPONENTS {
-                return RelFile::OTHER;
-            }
-            after_digits = false;
-            in_fork = false;
-            in_segment = false;
-            fork_first = 0;
-            continue;
-        }
-        let c = &mut comps[n & (MAX_COMPONENTS - 1)];
-        c.len += 1;
-        c.hash = hash_step(c.hash, b);
-        if !after_digits && b.is_ascii_digit() {
-            c.number = c
-                .number
-                .saturating_mul(10)
-                .saturating_add((b - b'0') as u32);
-            c.digits += 1;
-            continue;
-        }
-        if !after_digits {
-            after_digits = true;
-            if c.digits == 0 {
-                c.clean = false;
-                continue;
-            }
-        }
-        if in_segment {
-            if b.is_ascii_digit() {
-                c.dot_pending = false;
-            } else {
-                c.clean = false;
-            }
-        } else if b == b'.' {
-            in_segment = true;
-            in_fork = false;
-            c.dot_pending = true;
-        } else if in_fork {
-            // The fork's name: only its first letter decides (fsm, vm, init); the rest must
-            // be letters.
-            if fork_first == 0 {
-                fork_first = b;
-                c.fork = fork_from(b, u8::MAX);
-            }
-            if !b.is_ascii_lowercase() {
-                c.clean = false;
-            }
-        } else if b == b'_' && c.fork == Fork::Main as u8 {
-            in_fork = true;
-            fork_first = 0;
-        } else {
-            c.clean = false;
+    }
+    finish(&st)
+}
+
+/// One byte of the path into `st`. Not inlined: in the kernel each call is verified with
+/// `st` a map value, so its branches end at its return.
+#[inline(never)]
+pub fn parse_byte(st: &mut ParseState, b: u8) {
+    if b == b'/' {
+        st.n = st.n.saturating_add(1);
+        st.after_digits = 0;
+        st.in_fork = 0;
+        st.in_segment = 0;
+        st.fork_first = 0;
+        return;
+    }
+    if st.n as usize >= MAX_COMPONENTS {
+        return;
+    }
+    let c = &mut st.comps[st.n as usize & (MAX_COMPONENTS - 1)];
+    c.len = c.len.saturating_add(1);
+    c.hash = hash_step(c.hash, b);
+    if st.after_digits == 0 && b.is_ascii_digit() {
+        c.number = c
+            .number
+            .saturating_mul(10)
+            .saturating_add((b - b'0') as u32);
+        c.digits = c.digits.saturating_add(1);
+        return;
+    }
+    if st.after_digits == 0 {
+        st.after_digits = 1;
+        if c.digits == 0 {
+            c.unclean = 1;
+            return;
         }
     }
-    let count = n + 1;
-    classify(&comps, count)
+    if st.in_segment != 0 {
+        if b.is_ascii_digit() {
+            c.dot_pending = 0;
+        } else {
+            c.unclean = 1;
+        }
+    } else if b == b'.' {
+        st.in_segment = 1;
+        st.in_fork = 0;
+        c.dot_pending = 1;
+    } else if st.in_fork != 0 {
+        // The fork's name: its first letter decides (fsm, vm, init); the rest must be letters.
+        if st.fork_first == 0 {
+            st.fork_first = b as u32;
+            c.fork = fork_from(b, u8::MAX) as u32;
+        }
+        if !b.is_ascii_lowercase() {
+            c.unclean = 1;
+        }
+    } else if b == b'_' && c.fork == Fork::Main as u32 {
+        st.in_fork = 1;
+        st.fork_first = 0;
+    } else {
+        c.unclean = 1;
+    }
+}
+
+/// The kernel's per-CPU scratch for one `openat`: the path as read, and the parser's state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ParseScratch {
+    pub path: [u8; PATH_MAX_PARSED],
+    pub state: ParseState,
+}
+
+/// What the bytes given to `st` name.
+pub fn finish(st: &ParseState) -> RelFile {
+    if st.n as usize >= MAX_COMPONENTS {
+        return RelFile::OTHER;
+    }
+    classify(&st.comps, st.n as usize + 1)
 }
 
 #[inline(always)]
@@ -222,7 +298,7 @@ fn is_temp(c: &Component) -> bool {
 
 #[inline(always)]
 fn file(tablespace: u32, db: u32, c: &Component) -> RelFile {
-    if c.digits == 0 || !c.clean || c.dot_pending || c.fork == u8::MAX {
+    if c.digits == 0 || c.unclean != 0 || c.dot_pending != 0 || c.fork == u8::MAX as u32 {
         return RelFile::OTHER;
     }
     RelFile {
@@ -230,7 +306,7 @@ fn file(tablespace: u32, db: u32, c: &Component) -> RelFile {
         db,
         relfilenode: c.number,
         class: FileClass::Relation as u8,
-        fork: c.fork,
+        fork: c.fork as u8,
         _pad: 0,
     }
 }

@@ -30,6 +30,19 @@ impl Syscall {
     pub const fn is_read(self) -> bool {
         matches!(self, Syscall::Pread64 | Syscall::Preadv | Syscall::Preadv2)
     }
+
+    /// Its return value is bytes read or written.
+    pub const fn moves_bytes(self) -> bool {
+        matches!(
+            self,
+            Syscall::Pread64
+                | Syscall::Preadv
+                | Syscall::Preadv2
+                | Syscall::Pwrite64
+                | Syscall::Pwritev
+                | Syscall::Pwritev2
+        )
+    }
 }
 
 crate::abi_enum! {
@@ -66,7 +79,8 @@ pub struct SyscallStart {
     pub syscall: u8,
     /// Set by `block_io_start` when this thread submits a block request during the call.
     pub block_io: u8,
-    pub _pad: u16,
+    /// The call's file descriptor, for the relation family (`relation::FD_UNKNOWN`: none).
+    pub fd: u16,
 }
 
 /// Value of the per-CPU `SYSCALL_CPU`: the thread running on this CPU and its tracked syscall

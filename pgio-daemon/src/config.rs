@@ -74,6 +74,10 @@ pub struct Config {
     /// counts as its query's IO time. Off by default: uprobes need CAP_SYS_ADMIN on patched
     /// kernels (CVE-2025-38466), and each hit costs a few microseconds.
     pub query_probes: bool,
+    /// IO time per PostgreSQL relation file (`pgio_relation_io_seconds`): a tracepoint on
+    /// `openat` and a lookup in every timed file syscall's exit. Off by default while the
+    /// family is built (issue 31).
+    pub relations: bool,
     /// Attach `sys_enter_recvfrom`/`sys_enter_sendto` to keep the socket calls' arguments for
     /// their exits even where the exits can read them from the saved registers (Linux >= 5.15
     /// on x86_64): the path older kernels take, for tests and comparisons; it costs ~0.2 µs
@@ -133,6 +137,7 @@ impl Default for Config {
             block_inflight_timeout_secs: 180,
             queries: true,
             query_probes: false,
+            relations: false,
             query_args_at_entry: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),

@@ -2,12 +2,13 @@
 //! of the families' metrics in `/metrics`.
 use crate::{
     block_io::BlockIoFamily, family::Family, lifecycle::LifecycleFamily, query::QueryFamily,
-    syscall::SyscallFamily,
+    relation::RelationFamily, syscall::SyscallFamily,
 };
 
 pub static FAMILIES: &[&dyn Family] = &[
     &BlockIoFamily,
     &SyscallFamily,
     &QueryFamily,
+    &RelationFamily,
     &LifecycleFamily,
 ];

@@ -7,6 +7,7 @@ use pgio_common::{
     drops::DROP_REASONS,
     hist::{Bucket, slot},
     query::{QueryMetric, Wire},
+    relation::{FileClass, Fork, RelFile},
     syscall::{Cache, Syscall},
 };
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ use pgio_daemon::{
     map_memory::MapMemory,
     probes::ProbeStatus,
     query::{QueryId, QuerySnapshot},
+    relation::{RelationId, RelationSnapshot},
     self_metrics::{ProgramStats, SelfSnapshot},
     series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
@@ -45,6 +47,8 @@ struct Readings {
     volumes: Vec<(u32, String)>,
     /// Only in `all_families`.
     queries: QuerySnapshot,
+    /// Only in `all_families`.
+    relations: RelationSnapshot,
     key_quota: KeyQuotaSnapshot,
     http: HttpSnapshot,
     web: WebSnapshot,
@@ -73,10 +77,11 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 10] = [
+    let sources: [&dyn Snapshot; 11] = [
         &r.block,
         &r.syscalls,
         &r.queries,
+        &r.relations,
         &r.key_quota,
         &TrackedProcesses,
         &DeviceInfo,
@@ -124,6 +129,57 @@ fn all_families() -> Readings {
                 wire,
             },
             h(n as u64 + 20, misses),
+        );
+    }
+    let file = |relfilenode, fork: Fork| RelFile {
+        tablespace: 1663,
+        db: 16384,
+        relfilenode,
+        class: FileClass::Relation as u8,
+        fork: fork as u8,
+        _pad: 0,
+    };
+    for (series, file, syscall, cache, n) in [
+        (
+            pg,
+            file(16385, Fork::Main),
+            Syscall::Pread64,
+            Cache::Miss,
+            30,
+        ),
+        (
+            pg,
+            file(16385, Fork::Main),
+            Syscall::Pread64,
+            Cache::Hit,
+            31,
+        ),
+        (pg, file(16385, Fork::Vm), Syscall::Pread64, Cache::Hit, 32),
+        (
+            ckpt,
+            file(16385, Fork::Main),
+            Syscall::Pwrite64,
+            Cache::None,
+            33,
+        ),
+        (
+            ckpt,
+            file(16385, Fork::Main),
+            Syscall::Fsync,
+            Cache::None,
+            34,
+        ),
+        (pg, RelFile::OTHER, Syscall::Pread64, Cache::Hit, 35),
+    ] {
+        let hist = h(n, n * 8192);
+        r.relations.0.insert(
+            RelationId {
+                series,
+                file,
+                syscall,
+                cache,
+            },
+            hist,
         );
     }
     let stats = |entries: u64, owners: &[(&str, u32)], refused: &[(&str, u64)], evicted| MapStats {

@@ -21,7 +21,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, kernel_offsets::offsets, query, syscall, tracked};
+use crate::{drops, kernel_offsets::offsets, query, relation, syscall, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_RING_BYTES, 0);
@@ -109,6 +109,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     // Every thread, tracked or not: its process may have been untracked mid-call.
     syscall::thread_exit(tid);
     query::thread_exit(tid);
+    relation::thread_exit(tid);
     if tid != tgid {
         return 0;
     }

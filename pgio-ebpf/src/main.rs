@@ -15,6 +15,7 @@ mod kernel_offsets;
 mod key_quota;
 mod lifecycle;
 mod query;
+mod relation;
 mod syscall;
 mod tracked;
 

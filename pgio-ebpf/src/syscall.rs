@@ -18,13 +18,14 @@ use pgio_common::{
     CHILD_SERIES_MAX, SeriesId,
     drops::DropReason,
     hist::{Bucket, SLOTS, slot},
+    relation::FD_UNKNOWN,
     syscall::{
         Cache, CpuSyscall, QUOTA, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow,
         SyscallStart, futex_op_waits,
     },
 };
 
-use crate::{drops, hist, query, tracked};
+use crate::{drops, hist, query, relation, tracked};
 
 /// The tracked syscall in progress on this CPU.
 #[map]
@@ -81,7 +82,7 @@ fn cpu() -> Option<*mut CpuSyscall> {
 /// `timed = false`: a futex call that does not wait; it only opens the slot, so that its
 /// exit knows there is nothing to look up.
 #[inline(always)]
-fn enter(sc: Syscall, timed: bool) -> u32 {
+fn enter(sc: Syscall, timed: bool, fd: u16) -> u32 {
     let Some(c) = cpu() else {
         return 0;
     };
@@ -98,7 +99,7 @@ fn enter(sc: Syscall, timed: bool) -> u32 {
             series,
             syscall: sc as u8,
             block_io: 0,
-            _pad: 0,
+            fd,
         };
     }
     0
@@ -125,7 +126,7 @@ fn take_start(c: *mut CpuSyscall) -> Option<SyscallStart> {
 }
 
 #[inline(always)]
-fn exit(sc: Syscall) -> u32 {
+fn exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
     let Some(c) = cpu() else {
         return 0;
     };
@@ -155,8 +156,38 @@ fn exit(sc: Syscall) -> u32 {
     }
     if !sc.is_wait() {
         query::add_io(unsafe { (*c).tid }, d, cache == Cache::Miss);
+        // Bytes moved (0 for a sync); an error counts its time only.
+        let ret = field(ctx, RET) as i64;
+        let bytes = if ret > 0 && sc.moves_bytes() {
+            ret as u64
+        } else {
+            0
+        };
+        relation::add(unsafe { (*c).tgid }, &s, cache, d, bytes);
     }
     0
+}
+
+/// The first argument (`fd` of the file syscalls) of every kernel's `sys_enter_*` record, and
+/// `ret` of `sys_exit_*`.
+const ARG0: usize = 16;
+const RET: usize = 16;
+
+#[inline(always)]
+fn field(ctx: &TracePointContext, offset: usize) -> u64 {
+    // SAFETY: inside the fixed-size syscall record.
+    unsafe { *(ctx.as_ptr().add(offset) as *const u64) }
+}
+
+/// The call's fd as the relation family keeps it.
+#[inline(always)]
+fn fd_arg(ctx: &TracePointContext) -> u16 {
+    let fd = field(ctx, ARG0);
+    if fd < FD_UNKNOWN as u64 {
+        fd as u16
+    } else {
+        FD_UNKNOWN
+    }
 }
 
 #[inline(always)]
@@ -209,29 +240,35 @@ fn add_to_row(key: &SyscallKey, d: u64) -> bool {
 }
 
 macro_rules! syscall_probes {
-    ($($sc:expr => $enter:ident, $exit:ident;)*) => {$(
+    ($($sc:expr, $fd:ident => $enter:ident, $exit:ident;)*) => {$(
         #[tracepoint]
-        pub fn $enter(_ctx: TracePointContext) -> u32 {
-            enter($sc, true)
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            enter($sc, true, $fd(&ctx))
         }
         #[tracepoint]
-        pub fn $exit(_ctx: TracePointContext) -> u32 {
-            exit($sc)
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            exit(&ctx, $sc)
         }
     )*};
 }
 
+/// For the calls whose first argument is no file of the relation family's.
+#[inline(always)]
+fn no_fd(_ctx: &TracePointContext) -> u16 {
+    FD_UNKNOWN
+}
+
 syscall_probes! {
-    Syscall::Pread64 => sys_enter_pread64, sys_exit_pread64;
-    Syscall::Preadv => sys_enter_preadv, sys_exit_preadv;
-    Syscall::Preadv2 => sys_enter_preadv2, sys_exit_preadv2;
-    Syscall::Pwrite64 => sys_enter_pwrite64, sys_exit_pwrite64;
-    Syscall::Pwritev => sys_enter_pwritev, sys_exit_pwritev;
-    Syscall::Pwritev2 => sys_enter_pwritev2, sys_exit_pwritev2;
-    Syscall::Fsync => sys_enter_fsync, sys_exit_fsync;
-    Syscall::Fdatasync => sys_enter_fdatasync, sys_exit_fdatasync;
-    Syscall::IoUringEnter => sys_enter_io_uring_enter, sys_exit_io_uring_enter;
-    Syscall::FutexWaitv => sys_enter_futex_waitv, sys_exit_futex_waitv;
+    Syscall::Pread64, fd_arg => sys_enter_pread64, sys_exit_pread64;
+    Syscall::Preadv, fd_arg => sys_enter_preadv, sys_exit_preadv;
+    Syscall::Preadv2, fd_arg => sys_enter_preadv2, sys_exit_preadv2;
+    Syscall::Pwrite64, fd_arg => sys_enter_pwrite64, sys_exit_pwrite64;
+    Syscall::Pwritev, fd_arg => sys_enter_pwritev, sys_exit_pwritev;
+    Syscall::Pwritev2, fd_arg => sys_enter_pwritev2, sys_exit_pwritev2;
+    Syscall::Fsync, fd_arg => sys_enter_fsync, sys_exit_fsync;
+    Syscall::Fdatasync, fd_arg => sys_enter_fdatasync, sys_exit_fdatasync;
+    Syscall::IoUringEnter, no_fd => sys_enter_io_uring_enter, sys_exit_io_uring_enter;
+    Syscall::FutexWaitv, no_fd => sys_enter_futex_waitv, sys_exit_futex_waitv;
 }
 
 /// futex: only the waiting operations are timed; a wake of a tracked process costs what an
@@ -240,12 +277,12 @@ syscall_probes! {
 pub fn sys_enter_futex(ctx: TracePointContext) -> u32 {
     // SAFETY: inside the fixed-size syscall record.
     let op = unsafe { *(ctx.as_ptr().add(FUTEX_OP_OFFSET) as *const u64) } as u32;
-    enter(Syscall::Futex, futex_op_waits(op))
+    enter(Syscall::Futex, futex_op_waits(op), FD_UNKNOWN)
 }
 
 #[tracepoint]
-pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
-    exit(Syscall::Futex)
+pub fn sys_exit_futex(ctx: TracePointContext) -> u32 {
+    exit(&ctx, Syscall::Futex)
 }
 
 /// `sched_switch` runs in the context of the thread being switched out (`current` is still

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use pgio_testkit::{
     Daemon, Ext4Mount, LoadProcess, LoopDevice, PG15_BIN_DIR, PgCluster, PgOptions, temp_dir,
 };
@@ -224,12 +224,33 @@ const PER_CALL_CONFIG: &str = "[[rule]]\napp = \"bench\"\nrole = \"pread\"\ncomm
 
 /// CPU ns per pread64 call of one `pgio-load pread` run on `file`.
 fn load_run(bins: &Bins, file: &Path, calls: u64, tracked_by: Option<&Daemon>) -> Result<f64> {
+    load_run_with(bins, file, calls, tracked_by, false)
+}
+
+/// `reopen`: the load opens its file again once told to go, i.e. once tracked, so that pgio's
+/// relation family sees the open and counts every read under the file.
+fn load_run_with(
+    bins: &Bins,
+    file: &Path,
+    calls: u64,
+    tracked_by: Option<&Daemon>,
+    reopen: bool,
+) -> Result<f64> {
     let file = file.to_str().context("utf-8 path")?;
-    // Pinned to one CPU: no migrations in the middle of the loop (taskset execs, same pid).
+    // Pinned to one CPU: no migrations in the middle of the loop (env and taskset exec: the
+    // same pid).
     let load_bin = bins.load.to_str().context("utf-8 path")?;
+    let n = calls.to_string();
+    let reopen = if reopen {
+        "PGIO_LOAD_REOPEN=1"
+    } else {
+        "PGIO_LOAD_NO_REOPEN=1"
+    };
     let mut load = LoadProcess::spawn(
-        Path::new("taskset"),
-        ["-c", "1", load_bin, "pread", file, &calls.to_string(), "0"],
+        Path::new("env"),
+        [
+            reopen, "taskset", "-c", "1", load_bin, "pread", file, &n, "0",
+        ],
     )?;
     if let Some(d) = tracked_by {
         d.wait_tracked("bench", "pread")?;
@@ -376,6 +397,9 @@ struct ProgramCost {
     sched_switch: (f64, f64),
     /// Tracked, with `syscall_rows = false` (every histogram in the hash map).
     tracked_hash: (f64, f64),
+    /// Tracked, with `relations = true` and the file opened while tracked: every read also
+    /// counted under its file.
+    tracked_relations: (f64, f64),
     untracked: (f64, f64),
     /// `sys_{enter,exit}_futex` for a tracked process' futex wakes (not timed).
     futex_wake: (f64, f64),
@@ -535,6 +559,7 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
     }
     let (mut fe, mut fx, mut te, mut tx, mut ue, mut ux) = Default::default();
     let (mut he, mut hx) = (Vec::new(), Vec::new());
+    let (mut re, mut rx) = (Vec::new(), Vec::new());
     let (mut se, mut sr) = (Vec::new(), Vec::new());
     let (mut we, mut wx) = (Vec::new(), Vec::new());
     let push = |v: &mut Vec<f64>, x: f64| v.push(x);
@@ -648,11 +673,31 @@ fn program_cost(bins: &Bins, o: &BenchOptions) -> Result<ProgramCost> {
         let (e, x) = pgio_program_ns(&before, &after);
         push(&mut he, e);
         push(&mut hx, x);
+
+        let daemon = Daemon::start(
+            &bins.daemon,
+            &format!("relations = true\n{PER_CALL_CONFIG}"),
+        )?;
+        let before = daemon.scrape()?;
+        load_run_with(bins, &files.0, o.calls, Some(&daemon), true)?;
+        let after = daemon.scrape()?;
+        let counted = after.sum("pgio_relation_io_seconds_count", &[("syscall", "pread64")])
+            - before.sum("pgio_relation_io_seconds_count", &[("syscall", "pread64")]);
+        daemon.stop()?;
+        ensure!(
+            counted >= o.calls as f64,
+            "relations = true counted {counted} of the load's {} reads under its file",
+            o.calls
+        );
+        let (e, x) = pgio_program_ns(&before, &after);
+        push(&mut re, e);
+        push(&mut rx, x);
     }
     Ok(ProgramCost {
         floor: (median(&mut fe), median(&mut fx)),
         tracked: (median(&mut te), median(&mut tx)),
         tracked_hash: (median(&mut he), median(&mut hx)),
+        tracked_relations: (median(&mut re), median(&mut rx)),
         sched_switch: (median(&mut se), median(&mut sr)),
         untracked: (median(&mut ue), median(&mut ux)),
         futex_wake: (median(&mut we), median(&mut wx)),
@@ -1364,6 +1409,11 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
         r,
         "pgio, process tracked, `syscall_rows = false` (hash only, as before)",
         programs.tracked_hash,
+    );
+    row(
+        r,
+        "pgio, process tracked, `relations = true` (each read also under its file)",
+        programs.tracked_relations,
     );
     row(r, "pgio, process untracked", programs.untracked);
     row(

@@ -31,6 +31,7 @@ struct File {
     block_inflight_timeout_secs: Option<Spanned<u64>>,
     queries: Option<bool>,
     query_probes: Option<bool>,
+    relations: Option<bool>,
     query_args_at_entry: Option<bool>,
     max_postgres_binaries: Option<usize>,
     http_header_timeout_secs: Option<Spanned<u64>>,
@@ -178,6 +179,7 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
             .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
         queries: file.queries.unwrap_or(default.queries),
         query_probes: file.query_probes.unwrap_or(default.query_probes),
+        relations: file.relations.unwrap_or(default.relations),
         query_args_at_entry: file
             .query_args_at_entry
             .unwrap_or(default.query_args_at_entry),

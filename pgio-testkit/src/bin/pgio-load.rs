@@ -231,6 +231,9 @@ enum Prepared {
     },
     Pread {
         fd: Fd,
+        /// Opened again after `go` with `PGIO_LOAD_REOPEN` set: an open the tracer sees once it
+        /// tracks the process (pgio's relation family names files at their `openat`).
+        path: PathBuf,
         buf: AlignedBuf,
         n_pread64: u64,
         n_preadv: u64,
@@ -303,6 +306,7 @@ fn prepare(cmd: Cmd) -> Result<Prepared> {
             let slots = (size / PREAD_SIZE as u64).max(1);
             Prepared::Pread {
                 fd,
+                path,
                 buf: AlignedBuf::new(PREAD_SIZE)?,
                 n_pread64,
                 n_preadv,
@@ -370,11 +374,17 @@ fn execute(p: Prepared) -> Result<Report> {
         }
         Prepared::Pread {
             fd,
+            path,
             buf,
             n_pread64,
             n_preadv,
             slots,
         } => {
+            let fd = if std::env::var_os("PGIO_LOAD_REOPEN").is_some() {
+                open(&path, libc::O_RDONLY)?
+            } else {
+                fd
+            };
             for i in 0..n_pread64 {
                 let off = nth_offset(i, slots, PREAD_SIZE as u64);
                 // SAFETY: buf holds PREAD_SIZE bytes.

@@ -25,6 +25,7 @@ http_max_connections = {{ int $c.http_max_connections }}
 block_inflight_timeout_secs = {{ int $c.block_inflight_timeout_secs }}
 queries = {{ $c.queries }}
 query_probes = {{ $c.query_probes }}
+relations = {{ $c.relations }}
 {{- range $rule := $c.rules }}
 
 [[rule]]
