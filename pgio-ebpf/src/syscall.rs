@@ -81,8 +81,9 @@ fn cpu() -> Option<*mut CpuSyscall> {
 
 /// `timed = false`: a futex call that does not wait; it only opens the slot, so that its
 /// exit knows there is nothing to look up.
+/// `fd`: the call's file descriptor, asked only of a tracked process' call.
 #[inline(always)]
-fn enter(sc: Syscall, timed: bool, fd: u16) -> u32 {
+fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
     let Some(c) = cpu() else {
         return 0;
     };
@@ -99,7 +100,7 @@ fn enter(sc: Syscall, timed: bool, fd: u16) -> u32 {
             series,
             syscall: sc as u8,
             block_io: 0,
-            fd,
+            fd: fd(),
         };
     }
     0
@@ -243,7 +244,7 @@ macro_rules! syscall_probes {
     ($($sc:expr, $fd:ident => $enter:ident, $exit:ident;)*) => {$(
         #[tracepoint]
         pub fn $enter(ctx: TracePointContext) -> u32 {
-            enter($sc, true, $fd(&ctx))
+            enter($sc, true, || $fd(&ctx))
         }
         #[tracepoint]
         pub fn $exit(ctx: TracePointContext) -> u32 {
@@ -277,7 +278,7 @@ syscall_probes! {
 pub fn sys_enter_futex(ctx: TracePointContext) -> u32 {
     // SAFETY: inside the fixed-size syscall record.
     let op = unsafe { *(ctx.as_ptr().add(FUTEX_OP_OFFSET) as *const u64) } as u32;
-    enter(Syscall::Futex, futex_op_waits(op), FD_UNKNOWN)
+    enter(Syscall::Futex, futex_op_waits(op), || FD_UNKNOWN)
 }
 
 #[tracepoint]
