@@ -114,6 +114,19 @@ crate::abi_pod!(RelFile);
 impl RelFile {
     pub const OTHER: RelFile = RelFile::of_class(FileClass::Other);
 
+    /// A relation's file: in `tablespace` (1663 for `base/`, 1664 for `global/`), of database
+    /// `db`, with `relfilenode` and `fork`.
+    pub const fn relation(tablespace: u32, db: u32, relfilenode: u32, fork: Fork) -> RelFile {
+        RelFile {
+            tablespace,
+            db,
+            relfilenode,
+            class: FileClass::Relation as u8,
+            fork: fork as u8,
+            _pad: 0,
+        }
+    }
+
     const fn of_class(class: FileClass) -> RelFile {
         RelFile {
             tablespace: 0,
@@ -361,15 +374,8 @@ mod tests {
         parse_path(&p, n)
     }
 
-    fn rel(tablespace: u32, db: u32, relfilenode: u32, fork: Fork) -> RelFile {
-        RelFile {
-            tablespace,
-            db,
-            relfilenode,
-            class: FileClass::Relation as u8,
-            fork: fork as u8,
-            _pad: 0,
-        }
+    const fn rel(tablespace: u32, db: u32, relfilenode: u32, fork: Fork) -> RelFile {
+        RelFile::relation(tablespace, db, relfilenode, fork)
     }
 
     #[test]

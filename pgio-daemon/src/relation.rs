@@ -207,14 +207,7 @@ mod tests {
 
     #[test]
     fn file_labels() {
-        let rel = |tablespace, db, relfilenode, fork: Fork| RelFile {
-            tablespace,
-            db,
-            relfilenode,
-            class: FileClass::Relation as u8,
-            fork: fork as u8,
-            _pad: 0,
-        };
+        let rel = RelFile::relation;
         assert_eq!(file_label(&rel(1663, 5, 1259, Fork::Main)), "base/5/1259");
         assert_eq!(file_label(&rel(1664, 0, 1262, Fork::Vm)), "global/1262_vm");
         assert_eq!(

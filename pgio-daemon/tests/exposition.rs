@@ -7,7 +7,7 @@ use pgio_common::{
     drops::DROP_REASONS,
     hist::{Bucket, slot},
     query::{QueryMetric, Wire},
-    relation::{FileClass, Fork, RelFile},
+    relation::{Fork, RelFile},
     syscall::{Cache, Syscall},
 };
 use std::collections::BTreeMap;
@@ -131,14 +131,7 @@ fn all_families() -> Readings {
             h(n as u64 + 20, misses),
         );
     }
-    let file = |relfilenode, fork: Fork| RelFile {
-        tablespace: 1663,
-        db: 16384,
-        relfilenode,
-        class: FileClass::Relation as u8,
-        fork: fork as u8,
-        _pad: 0,
-    };
+    let file = |relfilenode, fork| RelFile::relation(1663, 16384, relfilenode, fork);
     for (series, file, syscall, cache, n) in [
         (
             pg,
