@@ -133,6 +133,9 @@ fn a_big_node_starts_in_the_daemonset_limit_and_counts_exactly() {
     lo.wait_quiet(Duration::from_secs(5));
 
     let available_before = meminfo_kib("MemAvailable:") * 1024;
+    // Where a drop beyond maps and RSS goes: per-CPU chunks, kernel slabs.
+    let kernel_kib = || ["Percpu:", "Slab:", "KernelStack:", "VmallocUsed:"].map(meminfo_kib);
+    let kernel_before = kernel_kib();
     let daemon = common::Daemon(
         pgio_testkit::Daemon::start_in_cgroup(
             Path::new(env!("CARGO_BIN_EXE_pgio-daemon")),
@@ -146,6 +149,7 @@ fn a_big_node_starts_in_the_daemonset_limit_and_counts_exactly() {
     );
     let m = daemon.scrape();
     let available_after = meminfo_kib("MemAvailable:") * 1024;
+    let kernel_after = kernel_kib();
     let daemon_rss = status_kib(daemon.0.pid(), "VmRSS:") * 1024;
     assert!(
         available_before > 0 && available_after > 0 && daemon_rss > 0,
@@ -166,11 +170,22 @@ fn a_big_node_starts_in_the_daemonset_limit_and_counts_exactly() {
         cgroup_current as f64 / MIB as f64,
         limit as f64 / MIB as f64
     );
+    let kernel_growth: Vec<String> = ["Percpu", "Slab", "KernelStack", "VmallocUsed"]
+        .iter()
+        .zip(kernel_before.iter().zip(&kernel_after))
+        .map(|(k, (b, a))| format!("{k} {:+.1} MiB", (*a as f64 - *b as f64) / 1024.0))
+        .collect();
+    eprintln!(
+        "{cpus} possible CPUs: kernel memory {}",
+        kernel_growth.join(", ")
+    );
     assert_eq!(m.sum("pgio_possible_cpus", &[]), f64::from(cpus));
     assert!(maps <= MAPS_BUDGET, "maps take {maps} bytes");
     assert!(
         drop <= MAPS_BUDGET + daemon_rss,
-        "MemAvailable dropped by {drop} bytes (maps budget {MAPS_BUDGET} + RSS {daemon_rss})"
+        "MemAvailable dropped by {drop} bytes (maps budget {MAPS_BUDGET} + RSS {daemon_rss}; \
+         kernel memory {})",
+        kernel_growth.join(", ")
     );
 
     // A scrape reads every per-CPU map value of every possible CPU: its CPU cost, under TCG
