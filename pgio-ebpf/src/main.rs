@@ -16,6 +16,7 @@ mod key_quota;
 mod lifecycle;
 mod query;
 mod relation;
+mod sys_record;
 mod syscall;
 mod tracked;
 

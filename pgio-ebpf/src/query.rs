@@ -3,7 +3,6 @@
 //! `Phase`; the syscall exits add their time to the running query (`add_io`). A query ends
 //! as one row update of `QUERY_HIST`.
 use aya_ebpf::{
-    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
@@ -20,7 +19,12 @@ use pgio_common::{
     },
 };
 
-use crate::{atomic::atomic_add, drops, hist, tracked};
+use crate::{
+    atomic::atomic_add,
+    drops, hist,
+    sys_record::{ARG0, ARG1, ARG2, RET, field},
+    tracked,
+};
 
 /// `queries` from the config, written by userspace at load. The verifier sees the constant:
 /// with it off, `add_io` is pruned from every syscall exit.
@@ -44,19 +48,6 @@ static QUERY_HIST: HashMap<QueryKey, QueryRow> = HashMap::with_max_entries(1_024
 static ZERO_ROW: QueryRow = QueryRow::ZERO;
 
 const EAGAIN: i64 = 11;
-
-/// Offsets of the arguments in every kernel's `sys_enter_*` record, and of `ret` in
-/// `sys_exit_*`.
-const ARG0: usize = 16;
-const ARG1: usize = 24;
-const ARG2: usize = 32;
-const RET: usize = 16;
-
-#[inline(always)]
-fn field(ctx: &TracePointContext, offset: usize) -> u64 {
-    // SAFETY: inside the fixed-size syscall record.
-    unsafe { *(ctx.as_ptr().add(offset) as *const u64) }
-}
 
 /// The row of `(series, wire)`, made on first use if its owner may have one more.
 #[inline(always)]

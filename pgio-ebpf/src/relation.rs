@@ -4,7 +4,6 @@
 //! `RELATION_HIST` under the file. Files opened before pgio attached have no slot and are not
 //! counted here (the syscall family still counts them).
 use aya_ebpf::{
-    EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_str_bytes},
     macros::{map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -19,7 +18,11 @@ use pgio_common::{
     syscall::{Cache, SyscallStart},
 };
 
-use crate::{hist, tracked};
+use crate::{
+    hist,
+    sys_record::{ARG1, RET, field},
+    tracked,
+};
 
 /// `relations` from the config, written by userspace at load: with it off the verifier
 /// prunes the lookup from every syscall exit.
@@ -41,15 +44,8 @@ static RELATION_HIST: HashMap<RelationKey, Bucket> = HashMap::with_max_entries(1
 #[map]
 static RELATION_PATH: PerCpuArray<ParseScratch> = PerCpuArray::with_max_entries(1, 0);
 
-/// `openat(dfd, filename, flags, mode)`: `filename` at 16 + 8, `ret` at 16.
-const FILENAME: usize = 24;
-const RET: usize = 16;
-
-#[inline(always)]
-fn field(ctx: &TracePointContext, offset: usize) -> u64 {
-    // SAFETY: inside the fixed-size syscall record.
-    unsafe { *(ctx.as_ptr().add(offset) as *const u64) }
-}
+/// `openat(dfd, filename, flags, mode)`: `filename` is the second argument.
+const FILENAME: usize = ARG1;
 
 /// A tracked process opens a file: what its path names waits for the call's fd.
 #[tracepoint]
@@ -115,7 +111,7 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
 /// A timed call of `tgid` on the fd in `s` took `d`: counted under its file if the fd's slot
 /// is this process' own.
 #[inline(always)]
-pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: u64) {
+pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce() -> u64) {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
     if unsafe { core::ptr::read_volatile(&RELATIONS_ON) } == 0 || s.fd == FD_UNKNOWN {
         return;
@@ -136,7 +132,7 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: u64) {
         slot: slot(d),
         _pad: 0,
     };
-    hist::add(&RELATION_HIST, QUOTA, s.series, &key, d, bytes);
+    hist::add(&RELATION_HIST, QUOTA, s.series, &key, d, bytes());
 }
 
 /// Called by `sched_process_exit` for every exiting thread.

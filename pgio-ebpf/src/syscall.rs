@@ -8,7 +8,6 @@
 //! thread that is not switched out between its calls (a cached read loop) pays the helper
 //! call once, not in every program.
 use aya_ebpf::{
-    EbpfContext,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray},
@@ -25,7 +24,11 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, hist, query, relation, tracked};
+use crate::{
+    drops, hist, query, relation,
+    sys_record::{ARG0, ARG1, RET, field},
+    tracked,
+};
 
 /// The tracked syscall in progress on this CPU.
 #[map]
@@ -58,10 +61,6 @@ static SYSCALL_ROWS_ON: u8 = 1;
 /// older generation are stale and may be reclaimed.
 #[map]
 static SYSCALL_ROW_GEN: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
-
-/// `futex(uaddr, op, ...)`: `op` is the second argument, at offset 16 + 8 in every kernel's
-/// `sys_enter_futex` record.
-const FUTEX_OP_OFFSET: usize = 24;
 
 /// This CPU's slot, with its running thread's ids filled in: asked of the kernel by the first
 /// program that needs them since the last switch.
@@ -157,27 +156,18 @@ fn exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
     }
     if !sc.is_wait() {
         query::add_io(unsafe { (*c).tid }, d, cache == Cache::Miss);
-        // Bytes moved (0 for a sync); an error counts its time only.
-        let ret = field(ctx, RET) as i64;
-        let bytes = if ret > 0 && sc.moves_bytes() {
-            ret as u64
-        } else {
-            0
+        // Bytes moved (0 for a sync; an error counts its time only), read only when counted.
+        let bytes = || {
+            let ret = field(ctx, RET) as i64;
+            if ret > 0 && sc.moves_bytes() {
+                ret as u64
+            } else {
+                0
+            }
         };
         relation::add(unsafe { (*c).tgid }, &s, cache, d, bytes);
     }
     0
-}
-
-/// The first argument (`fd` of the file syscalls) of every kernel's `sys_enter_*` record, and
-/// `ret` of `sys_exit_*`.
-const ARG0: usize = 16;
-const RET: usize = 16;
-
-#[inline(always)]
-fn field(ctx: &TracePointContext, offset: usize) -> u64 {
-    // SAFETY: inside the fixed-size syscall record.
-    unsafe { *(ctx.as_ptr().add(offset) as *const u64) }
 }
 
 /// The call's fd as the relation family keeps it.
@@ -276,8 +266,8 @@ syscall_probes! {
 /// untracked call does, plus marking the slot so that its exit looks nothing up.
 #[tracepoint]
 pub fn sys_enter_futex(ctx: TracePointContext) -> u32 {
-    // SAFETY: inside the fixed-size syscall record.
-    let op = unsafe { *(ctx.as_ptr().add(FUTEX_OP_OFFSET) as *const u64) } as u32;
+    // `futex(uaddr, op, ...)`: `op` is the second argument.
+    let op = field(&ctx, ARG1) as u32;
     enter(Syscall::Futex, futex_op_waits(op), || FD_UNKNOWN)
 }
 
