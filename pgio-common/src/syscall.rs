@@ -102,10 +102,26 @@ pub struct CpuSyscall {
     pub start: SyscallStart,
 }
 
-/// Rows of the dense per-CPU `SYSCALL_ROWS` array: the histograms of the hottest (series,
-/// syscall, cache) triples are counted there with no hashing; a triple whose row another
-/// holds on this CPU goes to `SYSCALL_HIST` as before. 256 rows: 135 KiB per CPU.
+/// Rows of the dense per-CPU `SYSCALL_ROWS_MAP` array at most: the histograms of the hottest
+/// (series, syscall, cache) triples are counted there with no hashing; a triple whose row
+/// another holds on this CPU goes to `SYSCALL_HIST` as before. 256 rows: 135 KiB per CPU.
 pub const SYSCALL_ROWS: u32 = 256;
+
+/// What the rows may take on all CPUs together: past ~124 possible CPUs their count halves
+/// each time the CPUs double (128: 128 rows, 8.3 MiB; 256: 64).
+pub const SYSCALL_ROWS_BUDGET: u64 = 16 << 20;
+
+/// The rows loaded with `cpus` possible CPUs: the largest power of two up to
+/// [`SYSCALL_ROWS`] within [`SYSCALL_ROWS_BUDGET`], at least 1.
+pub const fn syscall_rows_for(cpus: u32) -> u32 {
+    let per_row =
+        core::mem::size_of::<SyscallRow>() as u64 * if cpus == 0 { 1 } else { cpus as u64 };
+    let mut rows = SYSCALL_ROWS;
+    while rows > 1 && rows as u64 * per_row > SYSCALL_ROWS_BUDGET {
+        rows /= 2;
+    }
+    rows
+}
 
 /// One histogram of `SYSCALL_ROWS`. `tag` first: a reader that copies the row while the
 /// kernel reclaims it sees the old tag (and skips the row) or the new one with zeroed slots.
@@ -155,14 +171,14 @@ impl RowTag {
         })
     }
 
-    /// The row this triple may take: a multiplicative hash, so a series' syscalls and
-    /// consecutive series ids spread over the rows. The generation is left out: a reused id's
-    /// triple reclaims its own stale row.
+    /// The row this triple may take of `rows` (a power of two): a multiplicative hash, so a
+    /// series' syscalls and consecutive series ids spread over the rows. The generation is
+    /// left out: a reused id's triple reclaims its own stale row.
     #[inline(always)]
-    pub const fn row(self) -> u32 {
+    pub const fn row(self, rows: u32) -> u32 {
         let x = ((self.series.0 as u64) << 8 | (self.syscall as u64) << 2 | self.cache as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (x >> 32) as u32 & (SYSCALL_ROWS - 1)
+        (x >> 32) as u32 & rows.wrapping_sub(1)
     }
 }
 
@@ -227,12 +243,27 @@ mod tests {
                     syscall: sc as u8,
                     cache: c as u8,
                 };
-                assert!(t.row() < SYSCALL_ROWS);
-                taken[t.row() as usize] = true;
+                assert!(t.row(SYSCALL_ROWS) < SYSCALL_ROWS);
+                taken[t.row(SYSCALL_ROWS) as usize] = true;
+                assert!(t.row(64) < 64 && t.row(1) == 0);
             }
         }
         let rows = taken.iter().filter(|t| **t).count();
         assert!(rows >= 90, "{rows} rows");
+    }
+
+    #[test]
+    fn rows_follow_possible_cpus_within_the_budget() {
+        assert_eq!(syscall_rows_for(2), 256);
+        assert_eq!(syscall_rows_for(64), 256);
+        assert_eq!(syscall_rows_for(128), 128);
+        assert_eq!(syscall_rows_for(256), 64);
+        assert_eq!(syscall_rows_for(1 << 20), 1);
+        for cpus in [1, 2, 96, 124, 125, 128, 200, 4096] {
+            let rows = syscall_rows_for(cpus);
+            assert!(rows.is_power_of_two());
+            assert!(rows == 1 || u64::from(rows) * 528 * u64::from(cpus) <= SYSCALL_ROWS_BUDGET);
+        }
     }
 
     #[test]

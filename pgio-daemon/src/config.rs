@@ -18,7 +18,7 @@ use crate::{classifier::rules::Rule, pods::Pods, series::Limits};
 /// the overflow series (one per app).
 const MAX_SERIES_LIMIT: u64 = pgio_common::CHILD_SERIES_MAX as u64 - 1024;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Address of the HTTP server (`/metrics`, `/healthz`).
     pub listen: SocketAddr,
@@ -57,10 +57,14 @@ pub struct Config {
     /// per map. No owner (uid) may hold more than its share of a map while others need keys
     /// (see `key_quota`).
     pub hist_map_max_entries: u64,
-    /// The busiest syscall histograms are counted in 256 dense rows per CPU (135 KiB each)
-    /// with no hashing: a timed syscall's exit costs ~60 ns less (BENCHMARKS.md). Off: every
+    /// The busiest syscall histograms are counted in up to 256 dense rows per CPU (135 KiB
+    /// each) with no hashing: a timed syscall's exit costs ~60 ns less (BENCHMARKS.md). The
+    /// rows take 16 MiB at most on all CPUs (128 possible CPUs: 128 rows). Off: every
     /// histogram in the hash map, under its owner's share.
     pub syscall_rows: bool,
+    /// Not from the file: the node's possible CPUs, which the per-CPU maps' sizes follow
+    /// (`check --possible-cpus` estimates for another node).
+    pub possible_cpus: u32,
     /// A block request issued this long ago whose completion pgio has not seen is counted in
     /// `pgio_block_io_lost_completions_total` and forgotten. SCSI's default command timeout is
     /// 30 s and it retries up to 5 times, so the default leaves room for a slow device.
@@ -104,7 +108,7 @@ pub struct Config {
     pub http_max_connections: usize,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub app: Spanned<String>,
@@ -134,6 +138,7 @@ impl Default for Config {
             max_label_len: limits.label_len as u64,
             hist_map_max_entries: 65_536,
             syscall_rows: true,
+            possible_cpus: crate::map_memory::possible_cpus().unwrap_or(1),
             block_inflight_timeout_secs: 180,
             queries: true,
             query_probes: false,

@@ -39,6 +39,10 @@ pub const CORE_MAPS: &[&str] = &[
     crate::key_quota::ALLOWANCE_MAP,
     crate::key_quota::REFUSED_MAP,
     crate::key_quota::ON_MAP,
+];
+
+/// The maps of the floor's `part_*` programs (`pgio-ebpf/src/floor.rs`).
+pub const FLOOR_PART_MAPS: &[&str] = &[
     "PART_TID_HASH",
     "PART_HASH",
     "PART_SHARED_HASH",
@@ -126,7 +130,11 @@ pub const FLOOR_PARTS: [&str; 8] = [
 /// Benchmark floor: only the `hooks` programs are attached.
 pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
     require_object()?;
-    let mut ebpf = load(&KernelOffsets::default(), &Config::default())?;
+    let mut ebpf = load(
+        &KernelOffsets::default(),
+        &Config::default(),
+        hooks == FloorHooks::Parts,
+    )?;
     match hooks {
         FloorHooks::Tracepoint => {
             for dir in ["enter", "exit"] {
@@ -228,17 +236,22 @@ pub fn map_sizes(config: &Config) -> Vec<(&'static str, u32)> {
         (crate::key_quota::ALLOWANCE_MAP, quota_rows * OWNER_SLOTS),
         (crate::key_quota::REFUSED_MAP, quota_rows * OWNER_SLOTS),
     ];
+    // Only `floor --hooks parts` counts in them: one entry each otherwise (PART_HASH and
+    // PART_ARRAY alone are per-CPU, 6 MiB at 128 possible CPUs).
+    sizes.extend(FLOOR_PART_MAPS.iter().map(|m| (*m, 1)));
     for f in FAMILIES {
         sizes.extend(f.setup(config).map_sizes);
     }
     sizes
 }
 
-fn load(offsets: &KernelOffsets, config: &Config) -> Result<Ebpf> {
+fn load(offsets: &KernelOffsets, config: &Config, floor_parts: bool) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     loader.override_global(kernel_offsets::GLOBAL, offsets, true);
     for (map, size) in map_sizes(config) {
-        loader.map_max_entries(map, size);
+        if !(floor_parts && FLOOR_PART_MAPS.contains(&map)) {
+            loader.map_max_entries(map, size);
+        }
     }
     let setups: Vec<_> = FAMILIES.iter().map(|f| f.setup(config)).collect();
     for setup in &setups {
@@ -257,7 +270,7 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
     if config.query_args_at_entry {
         offsets.syscall_args_from_regs = 0;
     }
-    let mut ebpf = load(&offsets, config)?;
+    let mut ebpf = load(&offsets, config, false)?;
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status: Vec<ProbeStatus> = Vec::new();

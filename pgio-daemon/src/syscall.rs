@@ -10,7 +10,7 @@ use aya::{
 use pgio_common::{
     SeriesId,
     hist::Bucket,
-    syscall::{Cache, QUOTA, RowTag, SYSCALL_ROWS, Syscall, SyscallKey, SyscallRow},
+    syscall::{Cache, QUOTA, RowTag, Syscall, SyscallKey, SyscallRow, syscall_rows_for},
 };
 use tracing::warn;
 
@@ -32,8 +32,8 @@ pub static HIST: HistMapSpec = HistMapSpec {
     quota: QUOTA,
 };
 const ROWS_MAP: &str = "SYSCALL_ROWS_MAP";
-/// The eBPF global that turns the dense rows on (`syscall_rows`).
-const ROWS_GLOBAL: &str = "SYSCALL_ROWS_ON";
+/// The eBPF global that says how many dense rows there are (0: `syscall_rows = false`).
+const ROWS_GLOBAL: &str = "SYSCALL_ROWS_N";
 const ROW_GEN_MAP: &str = "SYSCALL_ROW_GEN";
 /// Tells the syscall programs that another thread runs, and moves a switched-out thread's
 /// pending syscall start off its CPU.
@@ -85,18 +85,32 @@ impl Family for SyscallFamily {
     }
 
     fn setup(&self, config: &Config) -> Setup {
+        let rows = rows(config);
         Setup {
-            map_sizes: vec![(HIST.map, config.hist_map_entries())],
-            globals: vec![(ROWS_GLOBAL, vec![u8::from(config.syscall_rows)])],
+            map_sizes: vec![
+                (HIST.map, config.hist_map_entries()),
+                (ROWS_MAP, rows.max(1)),
+            ],
+            globals: vec![(ROWS_GLOBAL, rows.to_ne_bytes().to_vec())],
         }
     }
 
     fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
-        let syscalls = Syscalls::take(ebpf, config.hist_map_entries())?;
+        let syscalls = Syscalls::take(ebpf, config.hist_map_entries(), rows(config))?;
         Ok(Taken {
             balanced: Some(syscalls.hists.balanced()),
             source: Some(Box::new(syscalls)),
         })
+    }
+}
+
+/// The dense rows loaded: as many as the node's possible CPUs allow within the budget, none
+/// with `syscall_rows = false`.
+fn rows(config: &Config) -> u32 {
+    if config.syscall_rows {
+        syscall_rows_for(config.possible_cpus)
+    } else {
+        0
     }
 }
 
@@ -134,11 +148,12 @@ pub struct Syscalls {
 }
 
 impl Syscalls {
-    /// `max_entries`: the histogram map's size as loaded.
-    pub fn take(ebpf: &mut Ebpf, max_entries: u32) -> Result<Syscalls> {
+    /// `max_entries`: the histogram map's size as loaded; `rows`: the dense rows in use.
+    pub fn take(ebpf: &mut Ebpf, max_entries: u32, rows: u32) -> Result<Syscalls> {
         Ok(Syscalls {
             hists: HistSource::take(ebpf, &HIST, max_entries)?,
             rows: Mutex::new(Rows {
+                in_use: rows,
                 rows: take_map(ebpf, ROWS_MAP)?,
                 generation: take_map(ebpf, ROW_GEN_MAP)?,
                 generations: Vec::new(),
@@ -156,6 +171,8 @@ impl Syscalls {
 /// The kernel's dense rows (`SYSCALL_ROWS_MAP`) and the generation of each series id
 /// (`SYSCALL_ROW_GEN`), which only this reader writes.
 struct Rows {
+    /// Rows the kernel counts in (0: none).
+    in_use: u32,
     rows: PerCpuArray<MapData, SyscallRow>,
     generation: Array<MapData, u32>,
     /// Mirror of `SYSCALL_ROW_GEN`, by series id.
@@ -172,7 +189,7 @@ impl Rows {
 
     /// Adds each CPU's rows of live series to `out`.
     fn read(&self, routes: &Provisional, out: &mut Hists<SyscallId>) -> Result<()> {
-        for i in 0..SYSCALL_ROWS {
+        for i in 0..self.in_use {
             let per_cpu = self.rows.get(&i, 0)?;
             for row in per_cpu.iter() {
                 let Some(t) = RowTag::decode(row.tag) else {

@@ -92,7 +92,10 @@ fn slow_clients_are_cut_and_bounded() {
     let pid = daemon.0.pid();
     let addr = addr(&daemon);
     let before = sockets(pid);
-    assert!(before >= 1, "pgio's listening socket not found among its TCP sockets");
+    assert!(
+        before >= 1,
+        "pgio's listening socket not found among its TCP sockets"
+    );
 
     let start = Instant::now();
     let mut attackers = Vec::new();
@@ -372,7 +375,10 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
     let holders_n = attackers.div_ceil(per_holder).max(2);
     let addr = addr(&daemon);
     let before = sockets(pid);
-    assert!(before >= 1, "pgio's listening socket not found among its TCP sockets");
+    assert!(
+        before >= 1,
+        "pgio's listening socket not found among its TCP sockets"
+    );
 
     let start = Instant::now();
     let each = (attackers / holders_n + 1).to_string();

@@ -8,7 +8,9 @@ use object::{Object as _, ObjectSymbol as _};
 use pgio_common::key_quota::{QUOTA_MAPS, QuotaMap};
 use pgio_daemon::{
     families::FAMILIES,
-    probes::{self, CORE_GLOBALS, CORE_MAPS, FLOOR_PARTS, FLOOR_PROGRAMS, TWIN_PROGRAMS},
+    probes::{
+        self, CORE_GLOBALS, CORE_MAPS, FLOOR_PART_MAPS, FLOOR_PARTS, FLOOR_PROGRAMS, TWIN_PROGRAMS,
+    },
 };
 
 fn object_bytes() -> Option<&'static [u8]> {
@@ -40,7 +42,7 @@ fn every_map_the_daemon_names_is_in_the_object_and_no_other() {
         .filter(|m| !m.starts_with('.'))
         .cloned()
         .collect();
-    let mut named = set(CORE_MAPS.iter().copied());
+    let mut named = set(CORE_MAPS.iter().chain(FLOOR_PART_MAPS).copied());
     for f in FAMILIES {
         for m in f.maps() {
             assert!(

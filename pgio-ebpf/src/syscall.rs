@@ -52,10 +52,10 @@ static SYSCALL_HIST: HashMap<SyscallKey, Bucket> = HashMap::with_max_entries(65_
 #[map]
 static SYSCALL_ROWS_MAP: PerCpuArray<SyscallRow> = PerCpuArray::with_max_entries(SYSCALL_ROWS, 0);
 
-/// `syscall_rows` from the config, written by userspace at load (the verifier sees the
-/// constant and prunes what is off).
+/// Rows of `SYSCALL_ROWS_MAP` in use (a power of two; 0: `syscall_rows = false`), written by
+/// userspace at load (the verifier sees the constant and prunes what is off).
 #[unsafe(no_mangle)]
-static SYSCALL_ROWS_ON: u8 = 1;
+static SYSCALL_ROWS_N: u32 = SYSCALL_ROWS;
 
 /// `series → generation`, moved on by userspace when it frees the id: rows tagged with an
 /// older generation are stale and may be reclaimed.
@@ -192,9 +192,8 @@ fn generation(series: SeriesId) -> u32 {
 #[inline(always)]
 fn add_to_row(key: &SyscallKey, d: u64) -> bool {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
-    if unsafe { core::ptr::read_volatile(&SYSCALL_ROWS_ON) } == 0
-        || key.series.0 >= CHILD_SERIES_MAX
-    {
+    let rows = unsafe { core::ptr::read_volatile(&SYSCALL_ROWS_N) };
+    if rows == 0 || key.series.0 >= CHILD_SERIES_MAX {
         return false; // off, or a provisional series (userspace folds those from the hash)
     }
     let t = RowTag {
@@ -204,7 +203,7 @@ fn add_to_row(key: &SyscallKey, d: u64) -> bool {
         cache: key.cache,
     };
     let tag = t.encode();
-    let Some(r) = SYSCALL_ROWS_MAP.get_ptr_mut(t.row()) else {
+    let Some(r) = SYSCALL_ROWS_MAP.get_ptr_mut(t.row(rows)) else {
         return false;
     };
     // SAFETY: this CPU's copy of the row; only this CPU's programs write it, and they do not

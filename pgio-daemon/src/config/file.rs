@@ -174,6 +174,7 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
         max_label_len: or(&file.max_label_len, default.max_label_len),
         hist_map_max_entries: or(&file.hist_map_max_entries, default.hist_map_max_entries),
         syscall_rows: file.syscall_rows.unwrap_or(default.syscall_rows),
+        possible_cpus: default.possible_cpus,
         block_inflight_timeout_secs: file
             .block_inflight_timeout_secs
             .map_or(default.block_inflight_timeout_secs, Spanned::into_inner),
