@@ -82,6 +82,9 @@ pub struct Config {
     /// `openat` and a lookup in every timed file syscall's exit. Off by default while the
     /// family is built (issue 31).
     pub relations: bool,
+    /// Relations with series of their own per cluster: the ones with the most IO time over the
+    /// last minute; the others are booked as `relation="(rest)"` of their database.
+    pub max_relations: usize,
     /// Attach `sys_enter_recvfrom`/`sys_enter_sendto` to keep the socket calls' arguments for
     /// their exits even where the exits can read them from the saved registers (Linux >= 5.15
     /// on x86_64): the path older kernels take, for tests and comparisons; it costs ~0.2 µs
@@ -143,6 +146,7 @@ impl Default for Config {
             queries: true,
             query_probes: false,
             relations: false,
+            max_relations: 50,
             query_args_at_entry: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),

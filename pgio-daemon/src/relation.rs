@@ -1,31 +1,41 @@
 //! The relation family (issue 31, in progress, off by default: `relations = true`): IO time per
-//! PostgreSQL relation file. The kernel names the file at the process' `openat` and counts
-//! each timed read, write and sync on its fd under it (`pgio-ebpf/src/relation.rs`); this reads
-//! `RELATION_HIST` and writes `pgio_relation_io_seconds` with the file as its path names it
-//! (`file="base/16384/16385"`). Still to come: `schema.name` and kind from `names`, and the
-//! per-cluster top-K with `(rest)`.
+//! PostgreSQL relation. The kernel names the file at the process' `openat` and counts each
+//! timed read, write and sync on its fd under it (`pgio-ebpf/src/relation.rs`); this reads
+//! `RELATION_HIST`, names each file from its cluster's catalogs (`book`, `names`), and gives
+//! the `max_relations` busiest relations of each cluster series of their own (`top`):
+//! `pgio_relation_io_seconds{relation="public.orders",kind="table",database,…}`, the others
+//! `relation="(rest)"`, a file not (yet) in the catalogs `"(relfilenode <n>)"`.
+pub mod book;
 pub mod names;
+pub mod top;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
     SeriesId,
     hist::Bucket,
-    relation::{
-        FD_SLOTS, FileClass, Fork, OPEN_MAX, PG_DEFAULT_TABLESPACE, PG_GLOBAL_TABLESPACE, QUOTA,
-        RelFile, RelationKey,
-    },
+    relation::{FD_SLOTS, FileClass, OPEN_MAX, QUOTA, RelFile, RelationKey},
     syscall::{Cache, Syscall},
 };
 
 use crate::{
-    collector::Scrape,
+    collector::{Scrape, Snapshot, Source},
     config::Config,
-    exposition::{Encoder, Kind, MetricFamily},
+    exposition::{Encoder, Kind, LabelSet, LabelWriter, MetricFamily},
     family::{Attach, Family, Probe, Setup, Taken},
     hist::{HistId, HistKey, HistMapSpec, HistSource, Hists, add_slot},
-    labels::WithLabels,
+    labels::Labels,
+    lock,
+    provisional::Provisional,
 };
+use book::{FileRef, NameBook};
+use top::{Exported, Item, Rank, Top};
 
 pub static HIST: HistMapSpec = HistMapSpec {
     family: "relation",
@@ -94,7 +104,10 @@ impl Family for RelationFamily {
         let hists = HistSource::<RelationKey>::take(ebpf, &HIST, entries)?;
         Ok(Taken {
             balanced: Some(hists.balanced()),
-            source: Some(Box::new(hists)),
+            source: Some(Box::new(RelationSource {
+                hists,
+                state: Arc::new(Mutex::new(RelationState::new(config.max_relations))),
+            })),
         })
     }
 }
@@ -134,38 +147,247 @@ impl HistKey for RelationKey {
     }
 }
 
-/// The `file` label: the path without the segment and the tablespace's version directory
-/// (one relation, one value), or what kind of other file it is.
-pub fn file_label(f: &RelFile) -> String {
-    let fork = match f.fork {
-        x if x == Fork::Fsm as u8 => "_fsm",
-        x if x == Fork::Vm as u8 => "_vm",
-        x if x == Fork::Init as u8 => "_init",
-        _ => "",
-    };
-    match f.class {
-        x if x == FileClass::Wal as u8 => "(wal)".to_owned(),
-        x if x == FileClass::Temp as u8 => "(temp)".to_owned(),
-        x if x == FileClass::Relation as u8 => match f.tablespace {
-            PG_DEFAULT_TABLESPACE => format!("base/{}/{}{fork}", f.db, f.relfilenode),
-            PG_GLOBAL_TABLESPACE => format!("global/{}{fork}", f.relfilenode),
-            spc => format!("pg_tblspc/{spc}/{}/{}{fork}", f.db, f.relfilenode),
-        },
-        _ => "(other)".to_owned(),
+/// What the relation family keeps between scrapes: names, and who has a place.
+#[derive(Debug)]
+pub struct RelationState {
+    pub book: NameBook,
+    top: Top<RelationId>,
+}
+
+impl RelationState {
+    pub fn new(max_relations: usize) -> RelationState {
+        RelationState {
+            book: NameBook::default(),
+            top: Top::new(max_relations),
+        }
     }
 }
 
-pub type RelationSnapshot = crate::hist::HistSnapshot<RelationId>;
+impl Default for RelationState {
+    fn default() -> Self {
+        RelationState::new(Config::default().max_relations)
+    }
+}
+
+pub struct RelationSource {
+    hists: HistSource<RelationKey>,
+    state: Arc<Mutex<RelationState>>,
+}
+
+impl Source for RelationSource {
+    fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
+        Box::new(RelationSnapshot {
+            hists: self.hists.reader.peek_or_empty(routes),
+            state: self.state.clone(),
+        })
+    }
+
+    fn fold(&self, routes: &Provisional) -> Result<()> {
+        self.hists.fold(routes)
+    }
+
+    /// Reads the catalogs of the clusters due, outside the lock (a scrape never waits for it).
+    fn housekeep(&self) {
+        let jobs = lock(&self.state).book.due(Instant::now());
+        for job in jobs {
+            let read = job.read();
+            lock(&self.state).book.store(&job, read, Instant::now());
+        }
+    }
+}
+
+/// One scrape's relation histograms, by kernel key, and the family's state to name them.
+#[derive(Default)]
+pub struct RelationSnapshot {
+    pub hists: Hists<RelationId>,
+    pub state: Arc<Mutex<RelationState>>,
+}
+
+/// The `relation` label of a file that is no relation of a catalog, or is not (yet) in one.
+fn unnamed(f: &RelFile) -> (String, &'static str, bool) {
+    match f.class {
+        x if x == FileClass::Wal as u8 => ("(wal)".into(), "", true),
+        x if x == FileClass::Temp as u8 => ("(temp)".into(), "", true),
+        x if x == FileClass::Relation as u8 => {
+            (format!("(relfilenode {})", f.relfilenode), "", false)
+        }
+        _ => ("(other)".into(), "", true),
+    }
+}
+
+fn file_ref(f: &RelFile) -> Option<FileRef> {
+    (f.class == FileClass::Relation as u8).then_some(FileRef {
+        db: f.db,
+        tablespace: f.tablespace,
+        relfilenode: f.relfilenode,
+    })
+}
+
+impl Snapshot for RelationSnapshot {
+    fn encode(&self, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
+        let mut state = lock(&self.state);
+        let scrape = &*scrape;
+        // The catalogs of a cluster are read through a live process of it, its postmaster
+        // if pgio tracks it (it outlives every other).
+        let mut cluster_pid: HashMap<&str, (bool, u32)> = HashMap::new();
+        for (pid, series) in &scrape.tracked.pids {
+            let l = scrape.series(*series);
+            if l.app != "postgres" || l.cluster.is_empty() {
+                continue;
+            }
+            let postmaster = l.role == "postmaster";
+            let e = cluster_pid.entry(&l.cluster).or_insert((postmaster, *pid));
+            if postmaster && !e.0 {
+                *e = (true, *pid);
+            }
+        }
+        let mut wanted: HashMap<String, (u32, HashSet<FileRef>)> = HashMap::new();
+        for id in self.hists.keys() {
+            let cluster = &scrape.series(id.series).cluster;
+            if let (Some(f), Some((_, pid))) =
+                (file_ref(&id.file), cluster_pid.get(cluster.as_str()))
+            {
+                let w = wanted.entry(cluster.clone()).or_default();
+                w.0 = *pid;
+                w.1.insert(f);
+            }
+        }
+        state.book.want(wanted);
+
+        let items: Vec<Item<RelationId>> = self
+            .hists
+            .iter()
+            .filter(|(id, _)| {
+                let cluster = &scrape.series(id.series).cluster;
+                !file_ref(&id.file).is_some_and(|f| state.book.pending(cluster, &f))
+            })
+            .map(|(id, h)| {
+                let cluster = &scrape.series(id.series).cluster;
+                let named = file_ref(&id.file).and_then(|f| state.book.relation(cluster, &f));
+                let (relation, kind, fixed) = match named {
+                    Some(r) => (format!("{}.{}", r.schema, r.name), r.kind.as_str(), false),
+                    None => unnamed(&id.file),
+                };
+                let database = match file_ref(&id.file) {
+                    Some(f) if f.db != 0 => state
+                        .book
+                        .database(cluster, f.db)
+                        .map_or_else(|| format!("(oid {})", f.db), str::to_owned),
+                    _ => String::new(),
+                };
+                Item {
+                    id: *id,
+                    series: id.series,
+                    syscall: id.syscall as u8,
+                    cache: id.cache as u8,
+                    rank: Rank {
+                        cluster: cluster.clone(),
+                        database,
+                        relation,
+                        kind,
+                        fixed,
+                    },
+                    hist: h.clone(),
+                }
+            })
+            .collect();
+        let in_rest = state.top.in_rest(&items);
+        let exported = state.top.book(Instant::now(), &items);
+        let read_errors = state.book.read_errors;
+        drop(state);
+
+        let labelled: Vec<(RelationLabels, &crate::hist::Log2Hist, bool)> = exported
+            .iter()
+            .filter_map(|(e, h)| {
+                let syscall = Syscall::try_from(e.syscall).ok()?;
+                let cache = Cache::try_from(e.cache).ok()?;
+                Some((
+                    RelationLabels::new(scrape.series(e.series), e, syscall, cache),
+                    h,
+                    syscall.moves_bytes(),
+                ))
+            })
+            .collect();
+        let mut f = enc.family(&RELATION_IO_SECONDS);
+        for (l, h, _) in &labelled {
+            f.histogram(l, h);
+        }
+        let mut f = enc.family(&RELATION_IO_BYTES);
+        for (l, h, moves) in &labelled {
+            if *moves {
+                f.counter(l, h.bytes);
+            }
+        }
+        let mut f = enc.family(&RELATION_REST);
+        for (cluster, n) in &in_rest {
+            f.gauge([("cluster", cluster.as_str())], *n as i64);
+        }
+        let mut f = enc.family(&RELATION_CATALOG_ERRORS);
+        f.counter((), read_errors);
+    }
+}
+
+/// A relation series' labels: `relation`, `kind`, `syscall`, `cache`, then the process'
+/// series labels with `database` the relation's (a checkpointer's write too).
+pub struct RelationLabels {
+    series: Labels,
+    relation: String,
+    kind: &'static str,
+    syscall: Syscall,
+    cache: Cache,
+}
+
+impl RelationLabels {
+    fn new(series: &Labels, e: &Exported, syscall: Syscall, cache: Cache) -> RelationLabels {
+        RelationLabels {
+            series: Labels {
+                database: e.database.clone(),
+                ..series.clone()
+            },
+            relation: e.relation.clone(),
+            kind: e.kind,
+            syscall,
+            cache,
+        }
+    }
+}
+
+impl LabelSet for &RelationLabels {
+    fn write(&self, w: &mut LabelWriter<'_>) {
+        [
+            ("relation", self.relation.as_str()),
+            ("kind", self.kind),
+            ("syscall", self.syscall.name()),
+            ("cache", self.cache.name()),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .for_each(|(k, v)| w.label(k, v));
+        self.series.write(w);
+    }
+}
 
 pub static RELATION_IO_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_relation_io_seconds",
-    help: "Read, write and sync syscall latency per PostgreSQL relation file (file = its path in the data directory without segment, or (wal), (temp), (other)), for files opened while pgio runs; relations = true only, in progress (seconds).",
+    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster), database = the relation's, for files opened while pgio runs; relations = true only, in progress (seconds).",
     kind: Kind::Histogram,
 };
 
 pub static RELATION_IO_BYTES: MetricFamily = MetricFamily {
     name: "pgio_relation_io_bytes",
-    help: "Bytes read and written by those syscalls per PostgreSQL relation file (see pgio_relation_io_seconds).",
+    help: "Bytes read and written by those syscalls per PostgreSQL relation (see pgio_relation_io_seconds).",
+    kind: Kind::Counter,
+};
+
+pub static RELATION_REST: MetricFamily = MetricFamily {
+    name: "pgio_relation_rest_relations",
+    help: "Relations of a cluster booked under relation=\"(rest)\" now: more had IO than max_relations.",
+    kind: Kind::Gauge,
+};
+
+pub static RELATION_CATALOG_ERRORS: MetricFamily = MetricFamily {
+    name: "pgio_relation_catalog_errors",
+    help: "Reads of a cluster's catalogs for relation names that failed (not a regular file of the data directory's owner, unreadable, unknown version): its files stay (relfilenode N).",
     kind: Kind::Counter,
 };
 
@@ -174,46 +396,32 @@ impl HistId for RelationId {
         self.series
     }
 
-    fn encode(hists: &Hists<RelationId>, scrape: &mut Scrape<'_>, enc: &mut Encoder) {
-        let files: Vec<String> = hists.keys().map(|id| file_label(&id.file)).collect();
-        let scrape = &*scrape;
-        let mut f = enc.family(&RELATION_IO_SECONDS);
-        for ((id, h), file) in hists.iter().zip(&files) {
-            f.histogram(labels(scrape, id, file), h);
-        }
-        let mut f = enc.family(&RELATION_IO_BYTES);
-        for ((id, h), file) in hists.iter().zip(&files) {
-            if id.syscall.moves_bytes() {
-                f.counter(labels(scrape, id, file), h.bytes);
-            }
-        }
-    }
-}
-
-fn labels<'a>(scrape: &'a Scrape<'_>, id: &RelationId, file: &'a str) -> WithLabels<'a, 3> {
-    WithLabels {
-        series: scrape.series(id.series),
-        extra: [
-            ("file", file),
-            ("syscall", id.syscall.name()),
-            ("cache", id.cache.name()),
-        ],
-    }
+    /// Not used: `RelationSnapshot` encodes the family, with its names and places.
+    fn encode(_: &Hists<RelationId>, _: &mut Scrape<'_>, _: &mut Encoder) {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgio_common::relation::{Fork, PG_DEFAULT_TABLESPACE, PG_GLOBAL_TABLESPACE};
 
     #[test]
-    fn file_labels() {
+    fn files_outside_the_catalogs_have_fixed_names() {
         let rel = RelFile::relation;
-        assert_eq!(file_label(&rel(1663, 5, 1259, Fork::Main)), "base/5/1259");
-        assert_eq!(file_label(&rel(1664, 0, 1262, Fork::Vm)), "global/1262_vm");
         assert_eq!(
-            file_label(&rel(16390, 5, 16391, Fork::Fsm)),
-            "pg_tblspc/16390/5/16391_fsm"
+            unnamed(&rel(1663, 5, 16385, Fork::Vm)).0,
+            "(relfilenode 16385)"
         );
-        assert_eq!(file_label(&RelFile::OTHER), "(other)");
+        assert_eq!(unnamed(&RelFile::OTHER), ("(other)".to_owned(), "", true));
+        assert_eq!(
+            file_ref(&rel(PG_GLOBAL_TABLESPACE, 0, 1262, Fork::Main)),
+            Some(FileRef {
+                db: 0,
+                tablespace: PG_GLOBAL_TABLESPACE,
+                relfilenode: 1262
+            })
+        );
+        assert_eq!(file_ref(&RelFile::OTHER), None);
+        assert_eq!(PG_DEFAULT_TABLESPACE, 1663);
     }
 }

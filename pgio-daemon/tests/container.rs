@@ -21,9 +21,9 @@ use pgio_testkit::daemonset::{self, Manifest, Node, PodmanRun};
 use pgio_testkit::kubepods::{self, Driver, PodCgroup, PodLogs};
 use pgio_testkit::podman::{self, Container};
 use pgio_testkit::{
-    DiskStats, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession,
-    REQUIRE_ROOT_ENV, TempDir, daemon::free_port, diskstats, metrics::http_get, scrape, temp_dir,
-    wait_until,
+    DiskStats, LoadProcess, LoopDevice, Metrics, PG15_BIN_DIR, PgCluster, PgOptions, PsqlSession,
+    REQUIRE_ROOT_ENV, TempDir, daemon::free_port, diskstats, metrics::http_get, pgio_load_bin,
+    scrape, temp_dir, wait_until,
 };
 
 /// Statements the session runs under pgio in the container.
@@ -404,7 +404,7 @@ fn daemonset_security_context_in_podman() {
     let manifest =
         Manifest::kustomize(&workspace().join("deploy").join("kustomize")).expect("kustomize");
     let pod = manifest.daemonset_pod_spec().expect("DaemonSet");
-    let rule = format!("\n[[rule]]\napp = \"{APP}\"\nrole = \"dd\"\ncomm = \"^dd$\"\n");
+    let rule = format!("\n[[rule]]\napp = \"{APP}\"\nrole = \"dd\"\ncomm = \"^pgio-load$\"\n");
     let node = NodeFiles::new(&manifest, &rule);
     let run = node.translate(pod, free_port().expect("free port"));
     eprintln!(
@@ -502,19 +502,27 @@ fn daemonset_security_context_in_podman() {
         .add("tenant", "reader-0", &uid, "dd", &container_id)
         .expect("pod logs");
     lo.wait_quiet(Duration::from_secs(5));
+    // pgio-load waits to be told to read until pgio tracks it: a process exec'd by an
+    // untracked one is untracked until userspace has matched its rule, and a read in that
+    // first millisecond is not the reader's (CI, loaded: 1,999 of 2,000 with dd).
+    let mut reader = std::process::Command::new(pgio_load_bin().expect("pgio-load"));
+    reader.args([
+        "direct-read",
+        lo.path().to_str().expect("utf-8 path"),
+        &READS.to_string(),
+        "8192",
+    ]);
+    pod_cgroup
+        .spawn_inside(&mut reader)
+        .expect("reader in the pod");
+    let mut reader = LoadProcess::spawn_command(reader).expect("spawn pgio-load");
+    assert!(
+        full.wait_tracked(&[("app", APP), ("role", "dd"), ("pod", "reader-0")]),
+        "the reader was not tracked in its pod"
+    );
     std::thread::sleep(SETTLE);
     let (before, disk_before) = full.snapshot(lo.name());
-    let mut dd = std::process::Command::new("dd");
-    dd.arg(format!("if={}", lo.path().display()))
-        .args(["of=/dev/null", "iflag=direct", "bs=8k"])
-        .arg(format!("count={READS}"));
-    pod_cgroup.spawn_inside(&mut dd).expect("dd in the pod");
-    let dd = dd.output().expect("dd");
-    assert!(
-        dd.status.success(),
-        "dd: {}",
-        String::from_utf8_lossy(&dd.stderr)
-    );
+    assert_eq!(reader.expect_run(), READS);
     std::thread::sleep(SETTLE);
     let (after, disk_after) = full.snapshot(lo.name());
     let disk_reads = (disk_after.reads_completed - disk_before.reads_completed) as f64;

@@ -165,7 +165,7 @@ fn all_families() -> Readings {
         (pg, RelFile::OTHER, Syscall::Pread64, Cache::Hit, 35),
     ] {
         let hist = h(n, n * 8192);
-        r.relations.0.insert(
+        r.relations.hists.insert(
             RelationId {
                 series,
                 file,

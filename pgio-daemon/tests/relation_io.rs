@@ -1,26 +1,36 @@
 //! The relation family (`relations = true`) on real PostgreSQL 15 and 17: PGDATA on ext4 on a
-//! direct-IO loop device, shared_buffers 16MB, a table `a` (~25 MB) and a table `b` (~2.5 MB),
-//! cold after a remount. A new session's sequential scan of `a`:
-//! - its backend's reads on `a`'s file (`file="base/<db>/<relfilenode>"`) = the blocks
-//!   PostgreSQL read from outside shared buffers (`pg_statio_user_tables.heap_blks_read` of
-//!   `a`), each 8 KiB on PostgreSQL 15; PostgreSQL 17 combines up to 16 blocks per `preadv`, so
-//!   there the bytes equal blocks × 8 KiB;
-//! - nothing on `b`'s file.
-//!
-//! Then rows of `b` are updated and a `CHECKPOINT` runs: the checkpointer writes `b`'s file
-//! and syncs it (at least one fsync on it), and writes nothing of `a`'s.
+//! direct-IO loop device, shared_buffers 16MB, a table `a` (~25 MB) with an index `a_g` and a
+//! table `b` (~2.5 MB), cold after a remount. Names come from the cluster's catalog files.
+//! 1. A new session's sequential scan of `a`: its backend's reads on `relation="public.a"`
+//!    (`kind="table"`, `database="postgres"`) = the blocks PostgreSQL read from outside shared
+//!    buffers (`pg_statio_user_tables.heap_blks_read`), 8 KiB each (PostgreSQL 17 combines up
+//!    to 16 blocks per `preadv`: bytes = blocks × 8 KiB); nothing on `public.b`.
+//! 2. An index scan: the bytes read from `public.a_g` (`kind="index"`) = its
+//!    `pg_statio_user_indexes.idx_blks_read` × 8 KiB.
+//! 3. `VACUUM FULL a` (a new relfilenode) and a `CHECKPOINT`: a scan's reads go to
+//!    `public.a` again once the catalogs are re-read, no `(relfilenode n)` is left, and
+//!    `public.a` never went down.
+//! 4. Rows of `b` updated and a `CHECKPOINT`: the checkpointer writes `public.b` and syncs it
+//!    (at least one fsync), and writes nothing of `public.a`.
 mod common;
 
-use std::sync::Mutex;
+use std::{sync::Mutex, time::Duration};
 
 use common::{Daemon, delta};
 use pgio_testkit::{
     Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir,
+    wait_until,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const FAMILY: &str = "pgio_relation_io_seconds_count";
+const BYTES: &str = "pgio_relation_io_bytes_total";
+const BACKEND: &str = "client backend";
+/// A sequential scan of `a`, in one process (the index would answer `count(*)` alone).
+const SEQ_SCAN_A: &str = "set max_parallel_workers_per_gather = 0; set enable_indexscan = off; \
+                          set enable_indexonlyscan = off; set enable_bitmapscan = off; \
+                          select count(*) from a";
 
 #[test]
 fn pg15_reads_and_writes_by_relation_file() {
@@ -53,84 +63,89 @@ fn case(major: u32, n: u16) {
     for sql in [
         "create table a as select g, repeat('x', 200) as pad from generate_series(1, 100000) g",
         "create table b as select g, repeat('y', 200) as pad from generate_series(1, 10000) g",
+        "create index a_g on a (g)",
         "vacuum (freeze, analyze) a, b",
         "checkpoint",
     ] {
         q(&pg, sql);
     }
-    let db = q(
-        &pg,
-        "select oid from pg_database where datname = 'postgres'",
-    );
-    let file_of = |t: &str| {
-        format!(
-            "base/{db}/{}",
-            q(&pg, &format!("select pg_relation_filenode('{t}')"))
-        )
-    };
-    let (file_a, file_b) = (file_of("a"), file_of("b"));
     pg.stop().expect("stop");
     fs.remount().expect("remount");
 
     let daemon = Daemon::with_config("relations = true\n").expect("daemon");
     pg.start().expect("start cold");
     daemon.wait_tracked("postgres", "checkpointer");
-    let blks_read = || -> f64 {
-        q(
-            &pg,
-            "select heap_blks_read from pg_statio_user_tables where relname = 'a'",
-        )
-        .parse()
-        .expect("heap_blks_read")
+    let stat = |sql: &str| -> f64 { q(&pg, sql).parse().expect("a number") };
+    let heap_read = || stat("select heap_blks_read from pg_statio_user_tables where relname = 'a'");
+    let idx_read =
+        || stat("select idx_blks_read from pg_statio_user_indexes where indexrelname = 'a_g'");
+    // This cluster only: other tests' clusters may run beside it.
+    let pgdata = fs.path().join("pgdata").to_string_lossy().into_owned();
+    let cluster = ("cluster", pgdata.as_str());
+    let on = |m: &Metrics, family: &str, relation: &str, role: &str| {
+        m.sum(family, &[("relation", relation), ("role", role), cluster])
     };
-    let backend = |file: &str| -> Vec<(&'static str, String)> {
-        vec![
-            ("app", "postgres".into()),
-            ("role", "client backend".into()),
-            ("file", file.to_owned()),
-        ]
+    let reads_on = |m: &Metrics, relation: &str| {
+        ["pread64", "preadv"]
+            .map(|sc| {
+                m.sum(
+                    BYTES,
+                    &[
+                        ("relation", relation),
+                        ("role", BACKEND),
+                        ("syscall", sc),
+                        cluster,
+                    ],
+                )
+            })
+            .iter()
+            .sum::<f64>()
     };
-    let count = |m: &Metrics, family: &str, labels: &[(&'static str, String)]| {
-        let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        m.sum(family, &l)
+    // Names come within a pass or two of a scrape that saw the file (5 s while one is
+    // unnamed): scrape until `cond` holds.
+    let settled = |cond: &dyn Fn(&Metrics) -> bool| -> Metrics {
+        let mut last = daemon.scrape();
+        let ok = wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
+            last = daemon.scrape();
+            cond(&last)
+        });
+        if !ok {
+            for s in last.samples(FAMILY) {
+                eprintln!("  {:?} {}", s.labels, s.value);
+            }
+            panic!("the relation series did not settle");
+        }
+        last
+    };
+    let unnamed = |m: &Metrics| {
+        m.samples(FAMILY)
+            .filter(|s| s.labels.get("cluster").is_some_and(|c| *c == pgdata))
+            .filter(|s| {
+                s.labels
+                    .get("relation")
+                    .is_some_and(|r| r.starts_with("(relfilenode"))
+            })
+            .count()
     };
 
     // 1. A cold sequential scan of `a` in a new session (its backend opens the file now).
-    let read_before = blks_read();
+    let read_before = heap_read();
     let before = daemon.scrape();
-    q(
-        &pg,
-        "set max_parallel_workers_per_gather = 0; select count(*) from a",
-    );
-    let after = daemon.scrape();
-    // The session's backend flushes its statistics when it exits.
-    let blocks = blks_read() - read_before;
-    let d = |family: &str, labels: &[(&'static str, String)]| {
-        count(&after, family, labels) - count(&before, family, labels)
+    q(&pg, SEQ_SCAN_A);
+    let blocks = heap_read() - read_before;
+    let after = settled(&|m| on(m, FAMILY, "public.a", BACKEND) > 0.0);
+    let d = |family: &str, relation: &str| {
+        on(&after, family, relation, BACKEND) - on(&before, family, relation, BACKEND)
     };
-    let reads_a = d(FAMILY, &backend(&file_a));
-    let reads_b = d(FAMILY, &backend(&file_b));
-    let bytes_a = delta(
-        &before,
-        &after,
-        "pgio_relation_io_bytes_total",
-        &[("file", file_a.as_str()), ("role", "client backend")],
+    let (reads_a, bytes_a, reads_b) = (
+        d(FAMILY, "public.a"),
+        d(BYTES, "public.a"),
+        d(FAMILY, "public.b"),
     );
     eprintln!(
-        "PG{major} cold scan of a ({file_a}): {blocks} blocks read by PostgreSQL; pgio: {reads_a} \
-         read calls, {bytes_a} bytes on a, {reads_b} on b"
+        "PG{major} cold scan of a: {blocks} blocks read by PostgreSQL; pgio: {reads_a} read \
+         calls, {bytes_a} bytes on public.a, {reads_b} on public.b"
     );
-    if reads_a == 0.0 {
-        for s in after.samples(FAMILY) {
-            eprintln!("  {:?} {}", s.labels, s.value);
-        }
-        for s in after.samples("pgio_probe_attached") {
-            eprintln!("  attached {:?} {}", s.labels, s.value);
-        }
-        for s in after.samples("pgio_syscall_seconds_count") {
-            eprintln!("  syscall {:?} {}", s.labels, s.value);
-        }
-    }
     assert!(blocks > 1000.0, "the scan read only {blocks} blocks");
     if major == 15 {
         assert_eq!(reads_a, blocks, "PG15 reads one block per call");
@@ -142,28 +157,115 @@ fn case(major: u32, n: u16) {
     }
     assert_eq!(bytes_a, blocks * 8192.0, "bytes read from a's file");
     assert_eq!(reads_b, 0.0, "nothing read from b's file");
+    let labelled = after.sum(
+        FAMILY,
+        &[
+            ("relation", "public.a"),
+            ("kind", "table"),
+            ("database", "postgres"),
+            cluster,
+        ],
+    );
+    assert_eq!(
+        labelled,
+        on(&after, FAMILY, "public.a", BACKEND),
+        "kind and database of a"
+    );
 
-    // 2. Who dirties which table: updates of `b`, then a checkpoint.
+    // 2. An index scan books on the index.
+    let idx_before = idx_read();
+    let before = after;
+    q(
+        &pg,
+        "set enable_seqscan = off; set enable_bitmapscan = off; \
+         select sum(g) from a where g between 1 and 20000",
+    );
+    let idx_blocks = idx_read() - idx_before;
+    let after = settled(&|m| on(m, BYTES, "public.a_g", BACKEND) >= idx_blocks * 8192.0);
+    let bytes_idx =
+        on(&after, BYTES, "public.a_g", BACKEND) - on(&before, BYTES, "public.a_g", BACKEND);
+    eprintln!(
+        "PG{major} index scan: {idx_blocks} index blocks read; pgio: {bytes_idx} bytes on public.a_g"
+    );
+    assert!(idx_blocks > 10.0, "the index scan read {idx_blocks} blocks");
+    assert_eq!(bytes_idx, idx_blocks * 8192.0, "bytes read from the index");
+    assert!(
+        after.sum(
+            FAMILY,
+            &[("relation", "public.a_g"), ("kind", "index"), cluster]
+        ) > 0.0,
+        "the index's kind"
+    );
+
+    // 3. VACUUM FULL gives `a` a new file: its reads go to `public.a` once named.
+    let old_node = q(&pg, "select pg_relation_filenode('a')");
+    q(&pg, "vacuum full a");
+    q(&pg, "checkpoint");
+    let new_node = q(&pg, "select pg_relation_filenode('a')");
+    assert_ne!(old_node, new_node, "VACUUM FULL kept the file");
+    // The rewrite's own IO on the new file (its writes, the index build's reads) shows once
+    // the file is named: the baseline waits for it.
+    let writes_a = |m: &Metrics| {
+        m.sum(
+            FAMILY,
+            &[
+                ("relation", "public.a"),
+                ("role", BACKEND),
+                ("syscall", "pwrite64"),
+                cluster,
+            ],
+        )
+    };
+    let before = settled(&|m| unnamed(m) == 0 && writes_a(m) > 0.0);
+    let read_before = heap_read();
+    q(&pg, SEQ_SCAN_A);
+    let blocks = heap_read() - read_before;
+    let want = reads_on(&before, "public.a") + blocks * 8192.0;
+    let after = settled(&|m| unnamed(m) == 0 && reads_on(m, "public.a") >= want);
+    let bytes_a = reads_on(&after, "public.a") - reads_on(&before, "public.a");
+    eprintln!(
+        "PG{major} after VACUUM FULL (relfilenode {old_node} -> {new_node}): {blocks} blocks \
+         read; pgio: {bytes_a} bytes read from public.a"
+    );
+    assert!(blocks > 100.0, "the scan read only {blocks} blocks");
+    assert_eq!(bytes_a, blocks * 8192.0, "bytes read from a's new file");
+
+    // 4. Who dirties which table: updates of `b`, then a checkpoint.
     let before = daemon.scrape();
     q(&pg, "update b set pad = repeat('z', 200) where g % 2 = 0");
     q(&pg, "checkpoint");
-    let after = daemon.scrape();
-    let by = |role: &str, file: &str, syscall: &str| {
+    let after = settled(&|m| {
+        m.sum(
+            FAMILY,
+            &[
+                ("role", "checkpointer"),
+                ("relation", "public.b"),
+                ("syscall", "fsync"),
+                cluster,
+            ],
+        ) > 0.0
+    });
+    let by = |relation: &str, syscall: &str| {
         delta(
             &before,
             &after,
             FAMILY,
-            &[("role", role), ("file", file), ("syscall", syscall)],
+            &[
+                ("role", "checkpointer"),
+                ("relation", relation),
+                ("syscall", syscall),
+                cluster,
+            ],
         )
     };
     let (writes_b, syncs_b, writes_a) = (
-        by("checkpointer", &file_b, "pwrite64") + by("checkpointer", &file_b, "pwritev"),
-        by("checkpointer", &file_b, "fsync"),
-        by("checkpointer", &file_a, "pwrite64") + by("checkpointer", &file_a, "pwritev"),
+        by("public.b", "pwrite64") + by("public.b", "pwritev"),
+        by("public.b", "fsync"),
+        by("public.a", "pwrite64") + by("public.a", "pwritev"),
     );
     eprintln!(
-        "PG{major} checkpoint after updating b: checkpointer wrote {file_b} {writes_b} times, \
-         synced it {syncs_b} times; wrote {file_a} {writes_a} times"
+        "PG{major} checkpoint after updating b: checkpointer wrote public.b {writes_b} times, \
+         synced it {syncs_b} times; wrote public.a {writes_a} times"
     );
     assert!(writes_b > 0.0, "the checkpointer wrote nothing of b");
     assert!(syncs_b >= 1.0, "the checkpointer did not sync b's file");

@@ -36,8 +36,13 @@ impl LoadProcess {
         S: AsRef<OsStr>,
     {
         let mut command = Command::new(bin);
+        command.args(args);
+        Self::spawn_command(command)
+    }
+
+    /// The same for a command set up by the caller (e.g. to start in a pod's cgroup).
+    pub fn spawn_command(mut command: Command) -> Result<Self> {
         command
-            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -78,6 +78,27 @@ pub fn read(data_dir: &Path) -> std::io::Result<CatalogNames> {
     })
 }
 
+/// Database oid → name from `pg_database` of the cluster at `data_dir` (a renamed database:
+/// its newest version).
+pub fn database_names(data_dir: &Path) -> std::io::Result<HashMap<u32, String>> {
+    let (dir, owner) = pg_files::open_data_dir(data_dir)?;
+    let map = pg_files::read_capped(&dir, "global/pg_filenode.map", owner, MAX_READ)?;
+    let node = pg_files::filenode(&map, PG_DATABASE).unwrap_or(PG_DATABASE);
+    let file = pg_files::read_capped(&dir, &format!("global/{node}"), owner, MAX_READ)?;
+    let mut names = HashMap::new();
+    for page in file.chunks_exact(pg_files::BLCKSZ) {
+        for t in pg_files::heap_tuples(page).filter(|t| !t.deleted && !t.aborted) {
+            if let (Some(oid), Some(name)) =
+                (pg_files::u32_at(t.data, 0), pg_files::name_at(t.data, 4))
+                && (t.newest || !names.contains_key(&oid))
+            {
+                names.insert(oid, name.to_owned());
+            }
+        }
+    }
+    Ok(names)
+}
+
 /// 1 MiB is ~5,000 roles or databases.
 const MAX_READ: u64 = 1 << 20;
 

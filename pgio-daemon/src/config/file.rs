@@ -32,6 +32,7 @@ struct File {
     queries: Option<bool>,
     query_probes: Option<bool>,
     relations: Option<bool>,
+    max_relations: Option<Spanned<usize>>,
     query_args_at_entry: Option<bool>,
     max_postgres_binaries: Option<usize>,
     http_header_timeout_secs: Option<Spanned<u64>>,
@@ -149,6 +150,17 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
             "http_max_connections must be at least 1".into(),
         ));
     }
+    if let Some(n) = &file.max_relations
+        && !(1..=10_000).contains(n.get_ref())
+    {
+        return Err(invalid(
+            n.span().start,
+            format!(
+                "max_relations must be between 1 and 10000, not {}",
+                n.get_ref()
+            ),
+        ));
+    }
     let default = Config::default();
     let or = |v: &Option<Spanned<u64>>, d: u64| v.as_ref().map_or(d, |v| *v.get_ref());
     Ok(Config {
@@ -181,6 +193,9 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
         queries: file.queries.unwrap_or(default.queries),
         query_probes: file.query_probes.unwrap_or(default.query_probes),
         relations: file.relations.unwrap_or(default.relations),
+        max_relations: file
+            .max_relations
+            .map_or(default.max_relations, Spanned::into_inner),
         query_args_at_entry: file
             .query_args_at_entry
             .unwrap_or(default.query_args_at_entry),

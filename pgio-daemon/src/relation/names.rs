@@ -119,6 +119,21 @@ pub struct Found {
     pub truncated: bool,
 }
 
+/// The major version of the cluster at `data_dir`, from its `PG_VERSION`.
+pub fn major(data_dir: &Path) -> std::io::Result<u32> {
+    let (dir, owner) = pg_files::open_data_dir(data_dir)?;
+    let text = pg_files::read_capped(&dir, "PG_VERSION", owner, 16)?;
+    std::str::from_utf8(&text)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "PG_VERSION is not a number",
+            )
+        })
+}
+
 /// The relations of database `db` (its oid) of the cluster at `data_dir` whose files are in
 /// `wanted`, PostgreSQL `major`.
 pub fn read(

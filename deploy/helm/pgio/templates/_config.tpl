@@ -26,6 +26,7 @@ block_inflight_timeout_secs = {{ int $c.block_inflight_timeout_secs }}
 queries = {{ $c.queries }}
 query_probes = {{ $c.query_probes }}
 relations = {{ $c.relations }}
+max_relations = {{ int $c.max_relations }}
 {{- range $rule := $c.rules }}
 
 [[rule]]

@@ -1,0 +1,372 @@
+//! Which relations get series of their own: per cluster, the `max_relations` with the most IO
+//! time over the last [`INTERVAL`] (until the places are taken, any relation that shows up);
+//! the others are booked together as `relation="(rest)"` of their database. A hostile user
+//! with 100,000 tables moves the places around, never their number.
+//!
+//! Counters stay monotonic across moves: a relation's own series starts from what it had
+//! when it got its place (what it booked into `(rest)` before stays there), and `(rest)`
+//! counts a relation only from when it lost its place (its own series then ends).
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use pgio_common::SeriesId;
+
+use crate::hist::Log2Hist;
+
+/// How often places are handed out again by IO time.
+pub const INTERVAL: Duration = Duration::from_secs(60);
+
+/// A relation as it is ranked and exported within its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Rank {
+    pub cluster: String,
+    pub database: String,
+    pub relation: String,
+    pub kind: &'static str,
+    /// `(wal)`, `(temp)`, `(other)`: always its own series, never counted against the places.
+    pub fixed: bool,
+}
+
+/// A series' histogram of one syscall and cache outcome on one relation (`id`: the kernel
+/// key's own identity, stable while its counts grow).
+pub struct Item<Id> {
+    pub id: Id,
+    pub series: SeriesId,
+    pub syscall: u8,
+    pub cache: u8,
+    pub rank: Rank,
+    pub hist: Log2Hist,
+}
+
+/// What is exported: a series' histogram of one syscall and cache outcome on one relation
+/// (or on its database's `(rest)`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Exported {
+    pub series: SeriesId,
+    pub database: String,
+    pub relation: String,
+    pub kind: &'static str,
+    pub syscall: u8,
+    pub cache: u8,
+}
+
+pub const REST: &str = "(rest)";
+
+#[derive(Debug)]
+struct Booked {
+    own: bool,
+    /// Counts of the kernel key already exported elsewhere, or before this series began.
+    base: Log2Hist,
+}
+
+#[derive(Debug)]
+pub struct Top<Id> {
+    max: usize,
+    members: HashSet<Rank>,
+    ranked_at: Option<Instant>,
+    /// IO time (ns) per relation at the last ranking.
+    ranked_totals: HashMap<Rank, u64>,
+    /// IO time (ns) per relation when it last got or lost a place (or at the last ranking):
+    /// more since is "in use".
+    since: HashMap<Rank, u64>,
+    booked: BTreeMap<Id, Booked>,
+    /// What relations booked into `(rest)` before they got places of their own.
+    frozen: BTreeMap<Exported, Log2Hist>,
+}
+
+impl<Id: Clone + Ord> Top<Id> {
+    pub fn new(max: usize) -> Top<Id> {
+        Top {
+            max,
+            members: HashSet::new(),
+            ranked_at: None,
+            ranked_totals: HashMap::new(),
+            since: HashMap::new(),
+            booked: BTreeMap::new(),
+            frozen: BTreeMap::new(),
+        }
+    }
+
+    /// Relations booked under `(rest)` now, per cluster.
+    pub fn in_rest(&self, items: &[Item<Id>]) -> BTreeMap<String, usize> {
+        let mut rest: HashMap<&str, HashSet<&Rank>> = HashMap::new();
+        for i in items {
+            if !i.rank.fixed && !self.members.contains(&i.rank) {
+                rest.entry(&i.rank.cluster).or_default().insert(&i.rank);
+            }
+        }
+        rest.into_iter()
+            .map(|(c, r)| (c.to_owned(), r.len()))
+            .collect()
+    }
+
+    /// Books this scrape's cumulative `items` (all of them: a key missing is gone) at `now`.
+    pub fn book(&mut self, now: Instant, items: &[Item<Id>]) -> BTreeMap<Exported, Log2Hist> {
+        self.place(now, items);
+        let mut out: BTreeMap<Exported, Log2Hist> = BTreeMap::new();
+        for i in items {
+            let own = i.rank.fixed || self.members.contains(&i.rank);
+            let rest = rest_of(i);
+            let b = self.booked.entry(i.id.clone()).or_insert(Booked {
+                own,
+                base: Log2Hist::default(),
+            });
+            if b.own != own {
+                if own {
+                    // What it booked into (rest) stays there.
+                    self.frozen
+                        .entry(rest.clone())
+                        .or_default()
+                        .merge(&minus(&i.hist, &b.base));
+                }
+                b.base = i.hist.clone();
+                b.own = own;
+            }
+            let key = if own {
+                Exported {
+                    series: i.series,
+                    database: i.rank.database.clone(),
+                    relation: i.rank.relation.clone(),
+                    kind: i.rank.kind,
+                    syscall: i.syscall,
+                    cache: i.cache,
+                }
+            } else {
+                rest
+            };
+            out.entry(key).or_default().merge(&minus(&i.hist, &b.base));
+        }
+        let live: BTreeSet<&Id> = items.iter().map(|i| &i.id).collect();
+        self.booked.retain(|id, _| live.contains(id));
+        let series: HashSet<SeriesId> = items.iter().map(|i| i.series).collect();
+        self.frozen.retain(|k, _| series.contains(&k.series));
+        for (k, h) in &self.frozen {
+            out.entry(k.clone()).or_default().merge(h);
+        }
+        out
+    }
+
+    /// Hands out the places. Once an interval is over: again, to the relations with the most
+    /// IO time in it. In between, a relation with IO takes a free place, or the place of a
+    /// member with no IO since it got it (the least busy first): places follow the relations
+    /// in use, and `(rest)` holds what more than `max` relations did at once.
+    fn place(&mut self, now: Instant, items: &[Item<Id>]) {
+        let mut totals: HashMap<Rank, u64> = HashMap::new();
+        for i in items.iter().filter(|i| !i.rank.fixed) {
+            *totals.entry(i.rank.clone()).or_default() += i.hist.sum_ns;
+        }
+        self.members.retain(|r| totals.contains_key(r));
+        self.since.retain(|r, _| totals.contains_key(r));
+        let active =
+            |since: &HashMap<Rank, u64>, r: &Rank| totals[r] > since.get(r).copied().unwrap_or(0);
+        let mut by_cluster: BTreeMap<&str, Vec<&Rank>> = BTreeMap::new();
+        for r in totals.keys() {
+            by_cluster.entry(&r.cluster).or_default().push(r);
+        }
+        let rerank = self
+            .ranked_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL);
+        if rerank {
+            let mut members = HashSet::new();
+            for ranks in by_cluster.values() {
+                // Most IO time in the interval first, members before others on a tie (no
+                // churn among idle relations), then by name for a stable order.
+                let recent = |r: &Rank| {
+                    totals[r].saturating_sub(self.ranked_totals.get(r).copied().unwrap_or(0))
+                };
+                let mut ranks = ranks.clone();
+                ranks.sort_by(|a, b| {
+                    recent(b)
+                        .cmp(&recent(a))
+                        .then(self.members.contains(*b).cmp(&self.members.contains(*a)))
+                        .then(a.cmp(b))
+                });
+                members.extend(ranks.into_iter().take(self.max).cloned());
+            }
+            self.members = members;
+            self.ranked_totals = totals.clone();
+            self.since = totals;
+            self.ranked_at = Some(now);
+            return;
+        }
+        for ranks in by_cluster.values() {
+            let mut newcomers: Vec<&Rank> = ranks
+                .iter()
+                .copied()
+                .filter(|r| !self.members.contains(*r) && active(&self.since, r))
+                .collect();
+            newcomers.sort_by(|a, b| totals[*b].cmp(&totals[*a]).then(a.cmp(b)));
+            let mut idle: Vec<&Rank> = ranks
+                .iter()
+                .copied()
+                .filter(|r| self.members.contains(*r) && !active(&self.since, r))
+                .collect();
+            // Popped from the end: the least busy first.
+            idle.sort_by(|a, b| totals[*b].cmp(&totals[*a]).then(b.cmp(a)));
+            let held = ranks.iter().filter(|r| self.members.contains(**r)).count();
+            let mut free = self.max.saturating_sub(held);
+            for r in newcomers {
+                if free > 0 {
+                    free -= 1;
+                } else if let Some(out) = idle.pop() {
+                    self.members.remove(out);
+                    self.since.insert(out.clone(), totals[out]);
+                } else {
+                    break;
+                }
+                self.members.insert(r.clone());
+                self.since.insert(r.clone(), totals[r]);
+            }
+        }
+    }
+}
+
+fn rest_of<Id>(i: &Item<Id>) -> Exported {
+    Exported {
+        series: i.series,
+        database: i.rank.database.clone(),
+        relation: REST.to_owned(),
+        kind: "",
+        syscall: i.syscall,
+        cache: i.cache,
+    }
+}
+
+/// `h` less `base`, slot by slot (never below 0: a key the kernel recreated starts over).
+fn minus(h: &Log2Hist, base: &Log2Hist) -> Log2Hist {
+    let mut out = h.clone();
+    for (a, b) in out.slots.iter_mut().zip(base.slots.iter()) {
+        *a = a.saturating_sub(*b);
+    }
+    out.sum_ns = out.sum_ns.saturating_sub(base.sum_ns);
+    out.bytes = out.bytes.saturating_sub(base.bytes);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(relation: &str) -> Rank {
+        Rank {
+            cluster: "c".into(),
+            database: "db".into(),
+            relation: relation.into(),
+            kind: "table",
+            fixed: false,
+        }
+    }
+
+    fn item(id: u32, relation: &str, calls: u64, ns: u64) -> Item<u32> {
+        let mut hist = Log2Hist::default();
+        hist.slots[10] = calls;
+        hist.sum_ns = ns;
+        Item {
+            id,
+            series: SeriesId(1),
+            syscall: 0,
+            cache: 0,
+            rank: rank(relation),
+            hist,
+        }
+    }
+
+    fn calls(out: &BTreeMap<Exported, Log2Hist>, relation: &str) -> Option<u64> {
+        out.iter()
+            .find(|(k, _)| k.relation == relation)
+            .map(|(_, h)| h.count())
+    }
+
+    #[test]
+    fn places_follow_the_relations_in_use_and_every_counter_stays_monotonic() {
+        let mut top: Top<u32> = Top::new(2);
+        let t0 = Instant::now();
+        // Three relations, two places: the busiest two get them at the first ranking.
+        let out = top.book(
+            t0,
+            &[
+                item(1, "a", 10, 100),
+                item(2, "b", 20, 200),
+                item(3, "c", 5, 50),
+            ],
+        );
+        assert_eq!(calls(&out, "a"), Some(10));
+        assert_eq!(calls(&out, "b"), Some(20));
+        assert_eq!(calls(&out, "c"), None);
+        assert_eq!(calls(&out, REST), Some(5));
+        // c does IO, a and b none since: c takes the place of the least busy, a. What c
+        // booked into (rest) stays there; a's own series ends, (rest) counts it from now.
+        let t1 = t0 + INTERVAL / 2;
+        let out = top.book(
+            t1,
+            &[
+                item(1, "a", 10, 100),
+                item(2, "b", 20, 200),
+                item(3, "c", 50, 5_000),
+            ],
+        );
+        assert_eq!(calls(&out, "c"), Some(0));
+        assert_eq!(calls(&out, "a"), None);
+        assert_eq!(calls(&out, REST), Some(50));
+        // Two in use at once, b idle: a takes b's place.
+        let out = top.book(
+            t1 + Duration::from_secs(1),
+            &[
+                item(1, "a", 13, 130),
+                item(2, "b", 20, 200),
+                item(3, "c", 57, 5_700),
+            ],
+        );
+        assert_eq!(calls(&out, "c"), Some(7));
+        assert_eq!(calls(&out, "a"), Some(0));
+        assert_eq!(calls(&out, "b"), None);
+        assert_eq!(calls(&out, REST), Some(53));
+        assert_eq!(
+            top.in_rest(&[item(2, "b", 20, 200)]).get("c"),
+            Some(&1),
+            "b in (rest) of cluster c"
+        );
+        // Three in use at once, none idle: b's IO goes to (rest), nobody moves.
+        let out = top.book(
+            t1 + Duration::from_secs(2),
+            &[
+                item(1, "a", 14, 140),
+                item(2, "b", 22, 220),
+                item(3, "c", 58, 5_800),
+            ],
+        );
+        assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(1), Some(8)));
+        assert_eq!(calls(&out, REST), Some(55));
+        // The next ranking goes by the interval's IO time: c (5,750 ns), b (20 ns) over a
+        // (40 ns)? a: 140 - 100 = 40 > b: 220 - 200 = 20, so c and a keep theirs.
+        let out = top.book(
+            t0 + INTERVAL,
+            &[
+                item(1, "a", 14, 140),
+                item(2, "b", 22, 220),
+                item(3, "c", 58, 5_800),
+            ],
+        );
+        assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(1), Some(8)));
+        assert_eq!(calls(&out, REST), Some(55));
+        // A relation gone frees its place for the next one in use at once.
+        let out = top.book(
+            t0 + INTERVAL + Duration::from_secs(1),
+            &[item(1, "a", 14, 140), item(2, "b", 23, 230)],
+        );
+        assert_eq!(calls(&out, "b"), Some(0));
+        assert_eq!(calls(&out, REST), Some(56));
+    }
+
+    #[test]
+    fn fixed_relations_never_take_a_place() {
+        let mut top: Top<u32> = Top::new(1);
+        let mut wal = item(9, "(wal)", 3, 30);
+        wal.rank.fixed = true;
+        let out = top.book(Instant::now(), &[wal, item(1, "a", 1, 10)]);
+        assert_eq!(calls(&out, "(wal)"), Some(3));
+        assert_eq!(calls(&out, "a"), Some(1));
+    }
+}
