@@ -241,14 +241,19 @@ impl Snapshot for RelationSnapshot {
                 *e = (true, *pid);
             }
         }
+        // Every cluster with relation files keeps its names, also while none of its processes
+        // runs (its series are still exported); one without a live process is not read.
         let mut wanted: HashMap<String, (u32, HashSet<FileRef>)> = HashMap::new();
         for id in self.hists.keys() {
-            let cluster = &scrape.series(id.series).cluster;
-            if let (Some(f), Some((_, pid))) =
-                (file_ref(&id.file), cluster_pid.get(cluster.as_str()))
+            let l = scrape.series(id.series);
+            if let Some(f) = file_ref(&id.file)
+                && l.app == "postgres"
+                && !l.cluster.is_empty()
             {
-                let w = wanted.entry(cluster.clone()).or_default();
-                w.0 = *pid;
+                let w = wanted.entry(l.cluster.clone()).or_default();
+                w.0 = cluster_pid
+                    .get(l.cluster.as_str())
+                    .map_or(0, |(_, pid)| *pid);
                 w.1.insert(f);
             }
         }
@@ -291,8 +296,8 @@ impl Snapshot for RelationSnapshot {
                 }
             })
             .collect();
-        let in_rest = state.top.in_rest(&items);
         let exported = state.top.book(Instant::now(), &items);
+        let in_rest = state.top.in_rest(&items);
         let read_errors = state.book.read_errors;
         drop(state);
 

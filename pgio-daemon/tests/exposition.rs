@@ -27,7 +27,11 @@ use pgio_daemon::{
     map_memory::MapMemory,
     probes::ProbeStatus,
     query::{QueryId, QuerySnapshot},
-    relation::{RelationId, RelationSnapshot},
+    relation::{
+        RelationId, RelationSnapshot, RelationState,
+        book::FileRef,
+        names::{Kind, Relation},
+    },
     self_metrics::{ProgramStats, SelfSnapshot},
     series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
@@ -175,6 +179,39 @@ fn all_families() -> Readings {
             hist,
         );
     }
+    // The client backends' cluster has read its catalogs: 16385 is `public.orders`, 16386
+    // its index; one place per cluster, so the table is in `(rest)`. The checkpointer's
+    // cluster did not find 16385: `(relfilenode 16385)`.
+    r.relations.hists.insert(
+        RelationId {
+            series: pg,
+            file: file(16386, Fork::Main),
+            syscall: Syscall::Pread64,
+            cache: Cache::Miss,
+        },
+        h(36, 36 * 8192),
+    );
+    let mut state = RelationState::new(1);
+    let in_db = |relfilenode| FileRef {
+        db: 16384,
+        tablespace: 1663,
+        relfilenode,
+    };
+    for (node, name, kind) in [
+        (16385, "orders", Kind::Table),
+        (16386, "orders_pkey", Kind::Index),
+    ] {
+        let relation = Relation {
+            schema: "public".into(),
+            name: name.into(),
+            kind,
+        };
+        state
+            .book
+            .remember("15/main", in_db(node), Some((relation, "shop")));
+    }
+    state.book.remember("/tmp/d a\"ta", in_db(16385), None);
+    r.relations.state = std::sync::Arc::new(std::sync::Mutex::new(state));
     let stats = |entries: u64, owners: &[(&str, u32)], refused: &[(&str, u64)], evicted| MapStats {
         entries,
         max_entries: 65_536,

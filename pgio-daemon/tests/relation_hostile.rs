@@ -107,13 +107,19 @@ fn hostile_catalog_files_leave_files_unnamed_and_count() {
              slowest scrape {slowest:?}",
             on(&last, &unnamed)
         );
-        assert!(seen, "{what}: no reads under {unnamed} or no catalog error counted");
+        assert!(
+            seen,
+            "{what}: no reads under {unnamed} or no catalog error counted"
+        );
         assert_eq!(
             on(&last, &format!("public.t_{what}")),
             0.0,
             "{what}: a name without reading the catalogs"
         );
-        assert!(slowest < Duration::from_secs(1), "{what}: a scrape took {slowest:?}");
+        assert!(
+            slowest < Duration::from_secs(1),
+            "{what}: a scrape took {slowest:?}"
+        );
         std::fs::remove_file(&version).expect("remove the hostile PG_VERSION");
         std::fs::rename(&kept, &version).expect("restore PG_VERSION");
     }

@@ -85,7 +85,7 @@ pub struct NameBook {
 
 impl NameBook {
     /// The files each cluster's series booked IO on in this scrape, and a live process of
-    /// it; clusters not listed are forgotten.
+    /// it (0: none now, so not read); clusters not listed are forgotten.
     pub fn want(&mut self, wanted: HashMap<String, (u32, HashSet<FileRef>)>) {
         self.clusters.retain(|c, _| wanted.contains_key(c));
         for (cluster, (pid, files)) in wanted {
@@ -97,17 +97,29 @@ impl NameBook {
         }
     }
 
+    /// What a read of `cluster` found for `file`: its relation and database, or nothing
+    /// (fixtures: `tests/exposition.rs`).
+    pub fn remember(&mut self, cluster: &str, file: FileRef, found: Option<(Relation, &str)>) {
+        let book = self.clusters.entry(cluster.to_owned()).or_default();
+        book.wanted.insert(file);
+        book.tried.insert(file);
+        if let Some((relation, database)) = found {
+            book.databases.insert(file.db, database.to_owned());
+            book.relations.insert(file, relation);
+        }
+    }
+
     pub fn relation(&self, cluster: &str, file: &FileRef) -> Option<&Relation> {
         self.clusters.get(cluster)?.relations.get(file)
     }
 
-    /// `file` of `cluster` has not been looked for yet: the family holds its IO back until
-    /// then (a few seconds), so that it starts under its name rather than as
-    /// `(relfilenode <n>)` taking a place or landing in `(rest)`.
+    /// `file` of `cluster` has not been looked for yet, and will be (the cluster has a live
+    /// process): the family holds its IO back until then (a few seconds), so that it starts
+    /// under its name rather than as `(relfilenode <n>)` taking a place or landing in `(rest)`.
     pub fn pending(&self, cluster: &str, file: &FileRef) -> bool {
-        self.clusters
-            .get(cluster)
-            .is_some_and(|b| !b.tried.contains(file) && !b.relations.contains_key(file))
+        self.clusters.get(cluster).is_some_and(|b| {
+            b.pid != 0 && !b.tried.contains(file) && !b.relations.contains_key(file)
+        })
     }
 
     pub fn database(&self, cluster: &str, db: u32) -> Option<&str> {
@@ -249,6 +261,12 @@ mod tests {
         };
         book.store(job, Ok(empty), t0 + REREAD);
         assert_eq!(book.relation("c", &file(1)), Some(&a));
+        // A cluster with no live process is not read: nothing waits for it.
+        book.want(HashMap::from([(
+            "c".to_owned(),
+            (0, HashSet::from([file(3)])),
+        )]));
+        assert!(!book.pending("c", &file(3)) && book.due(t0 + REREAD).is_empty());
         book.want(HashMap::new());
         assert!(book.clusters.is_empty());
     }

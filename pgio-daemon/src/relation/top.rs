@@ -68,9 +68,6 @@ pub struct Top<Id> {
     ranked_at: Option<Instant>,
     /// IO time (ns) per relation at the last ranking.
     ranked_totals: HashMap<Rank, u64>,
-    /// IO time (ns) per relation when it last got or lost a place (or at the last ranking):
-    /// more since is "in use".
-    since: HashMap<Rank, u64>,
     booked: BTreeMap<Id, Booked>,
     /// What relations booked into `(rest)` before they got places of their own.
     frozen: BTreeMap<Exported, Log2Hist>,
@@ -83,7 +80,6 @@ impl<Id: Clone + Ord> Top<Id> {
             members: HashSet::new(),
             ranked_at: None,
             ranked_totals: HashMap::new(),
-            since: HashMap::new(),
             booked: BTreeMap::new(),
             frozen: BTreeMap::new(),
         }
@@ -148,77 +144,64 @@ impl<Id: Clone + Ord> Top<Id> {
         out
     }
 
-    /// Hands out the places. Once an interval is over: again, to the relations with the most
-    /// IO time in it. In between, a relation with IO takes a free place, or the place of a
-    /// member with no IO since it got it (the least busy first): places follow the relations
-    /// in use, and `(rest)` holds what more than `max` relations did at once.
+    /// Hands out the places: once an interval is over, again, to the relations with the most
+    /// IO time in it; in between, a relation takes a free place, or the place of the member
+    /// with the least IO time since the last ranking if it had more. A relation busy in this
+    /// interval keeps its place until the next ranking, and `(rest)` holds what more than
+    /// `max` relations did at once.
     fn place(&mut self, now: Instant, items: &[Item<Id>]) {
         let mut totals: HashMap<Rank, u64> = HashMap::new();
         for i in items.iter().filter(|i| !i.rank.fixed) {
             *totals.entry(i.rank.clone()).or_default() += i.hist.sum_ns;
         }
         self.members.retain(|r| totals.contains_key(r));
-        self.since.retain(|r, _| totals.contains_key(r));
-        let active =
-            |since: &HashMap<Rank, u64>, r: &Rank| totals[r] > since.get(r).copied().unwrap_or(0);
+        let rerank = self
+            .ranked_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL);
+        let ranked = &self.ranked_totals;
+        let recent = |r: &Rank| totals[r].saturating_sub(ranked.get(r).copied().unwrap_or(0));
         let mut by_cluster: BTreeMap<&str, Vec<&Rank>> = BTreeMap::new();
         for r in totals.keys() {
             by_cluster.entry(&r.cluster).or_default().push(r);
         }
-        let rerank = self
-            .ranked_at
-            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL);
-        if rerank {
-            let mut members = HashSet::new();
-            for ranks in by_cluster.values() {
-                // Most IO time in the interval first, members before others on a tie (no
-                // churn among idle relations), then by name for a stable order.
-                let recent = |r: &Rank| {
-                    totals[r].saturating_sub(self.ranked_totals.get(r).copied().unwrap_or(0))
-                };
-                let mut ranks = ranks.clone();
-                ranks.sort_by(|a, b| {
-                    recent(b)
-                        .cmp(&recent(a))
-                        .then(self.members.contains(*b).cmp(&self.members.contains(*a)))
-                        .then(a.cmp(b))
-                });
-                members.extend(ranks.into_iter().take(self.max).cloned());
-            }
-            self.members = members;
-            self.ranked_totals = totals.clone();
-            self.since = totals;
-            self.ranked_at = Some(now);
-            return;
-        }
+        let mut members = HashSet::new();
         for ranks in by_cluster.values() {
-            let mut newcomers: Vec<&Rank> = ranks
-                .iter()
-                .copied()
-                .filter(|r| !self.members.contains(*r) && active(&self.since, r))
-                .collect();
-            newcomers.sort_by(|a, b| totals[*b].cmp(&totals[*a]).then(a.cmp(b)));
-            let mut idle: Vec<&Rank> = ranks
-                .iter()
-                .copied()
-                .filter(|r| self.members.contains(*r) && !active(&self.since, r))
-                .collect();
-            // Popped from the end: the least busy first.
-            idle.sort_by(|a, b| totals[*b].cmp(&totals[*a]).then(b.cmp(a)));
-            let held = ranks.iter().filter(|r| self.members.contains(**r)).count();
-            let mut free = self.max.saturating_sub(held);
-            for r in newcomers {
-                if free > 0 {
-                    free -= 1;
-                } else if let Some(out) = idle.pop() {
-                    self.members.remove(out);
-                    self.since.insert(out.clone(), totals[out]);
+            // Most recent IO time first, members before others on a tie (no churn among idle
+            // relations), then by name for a stable order.
+            let mut ranks = ranks.clone();
+            ranks.sort_by(|a, b| {
+                recent(b)
+                    .cmp(&recent(a))
+                    .then(self.members.contains(*b).cmp(&self.members.contains(*a)))
+                    .then(a.cmp(b))
+            });
+            if rerank {
+                members.extend(ranks.into_iter().take(self.max).cloned());
+                continue;
+            }
+            let (mut kept, others): (Vec<&Rank>, Vec<&Rank>) =
+                ranks.into_iter().partition(|r| self.members.contains(*r));
+            for r in others.into_iter().filter(|r| recent(r) > 0) {
+                if kept.len() < self.max {
+                    kept.push(r);
+                } else if kept
+                    .last()
+                    .is_some_and(|weakest| recent(weakest) < recent(r))
+                {
+                    kept.pop();
+                    // Keep `kept` weakest last.
+                    let at = kept.partition_point(|k| recent(k) >= recent(r));
+                    kept.insert(at, r);
                 } else {
                     break;
                 }
-                self.members.insert(r.clone());
-                self.since.insert(r.clone(), totals[r]);
             }
+            members.extend(kept.into_iter().cloned());
+        }
+        self.members = members;
+        if rerank {
+            self.ranked_totals = totals;
+            self.ranked_at = Some(now);
         }
     }
 }
@@ -280,7 +263,7 @@ mod tests {
     }
 
     #[test]
-    fn places_follow_the_relations_in_use_and_every_counter_stays_monotonic() {
+    fn places_go_by_recent_io_time_and_every_counter_stays_monotonic() {
         let mut top: Top<u32> = Top::new(2);
         let t0 = Instant::now();
         // Three relations, two places: the busiest two get them at the first ranking.
@@ -296,8 +279,9 @@ mod tests {
         assert_eq!(calls(&out, "b"), Some(20));
         assert_eq!(calls(&out, "c"), None);
         assert_eq!(calls(&out, REST), Some(5));
-        // c does IO, a and b none since: c takes the place of the least busy, a. What c
-        // booked into (rest) stays there; a's own series ends, (rest) counts it from now.
+        // c does IO, a and b none since the ranking: c takes the place of the member with
+        // the least IO time since (a tie: the last by name, b). What c booked into (rest)
+        // stays there; b's own series ends and (rest) counts it from now.
         let t1 = t0 + INTERVAL / 2;
         let out = top.book(
             t1,
@@ -308,39 +292,26 @@ mod tests {
             ],
         );
         assert_eq!(calls(&out, "c"), Some(0));
-        assert_eq!(calls(&out, "a"), None);
-        assert_eq!(calls(&out, REST), Some(50));
-        // Two in use at once, b idle: a takes b's place.
-        let out = top.book(
-            t1 + Duration::from_secs(1),
-            &[
-                item(1, "a", 13, 130),
-                item(2, "b", 20, 200),
-                item(3, "c", 57, 5_700),
-            ],
-        );
-        assert_eq!(calls(&out, "c"), Some(7));
-        assert_eq!(calls(&out, "a"), Some(0));
+        assert_eq!(calls(&out, "a"), Some(10));
         assert_eq!(calls(&out, "b"), None);
-        assert_eq!(calls(&out, REST), Some(53));
+        assert_eq!(calls(&out, REST), Some(50));
         assert_eq!(
             top.in_rest(&[item(2, "b", 20, 200)]).get("c"),
             Some(&1),
             "b in (rest) of cluster c"
         );
-        // Three in use at once, none idle: b's IO goes to (rest), nobody moves.
+        // b's 20 ns since the ranking do not beat a's 40: nobody moves, b's IO goes to (rest).
         let out = top.book(
-            t1 + Duration::from_secs(2),
+            t1 + Duration::from_secs(1),
             &[
                 item(1, "a", 14, 140),
                 item(2, "b", 22, 220),
-                item(3, "c", 58, 5_800),
+                item(3, "c", 57, 5_700),
             ],
         );
-        assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(1), Some(8)));
-        assert_eq!(calls(&out, REST), Some(55));
-        // The next ranking goes by the interval's IO time: c (5,750 ns), b (20 ns) over a
-        // (40 ns)? a: 140 - 100 = 40 > b: 220 - 200 = 20, so c and a keep theirs.
+        assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(14), Some(7)));
+        assert_eq!(calls(&out, REST), Some(52));
+        // The next ranking goes by the interval's IO time: c 5,650 ns and a 40 keep theirs.
         let out = top.book(
             t0 + INTERVAL,
             &[
@@ -349,15 +320,36 @@ mod tests {
                 item(3, "c", 58, 5_800),
             ],
         );
-        assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(1), Some(8)));
-        assert_eq!(calls(&out, REST), Some(55));
-        // A relation gone frees its place for the next one in use at once.
+        assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(14), Some(8)));
+        assert_eq!(calls(&out, REST), Some(52));
+        // A relation gone frees its place for the next one with IO at once; what b booked
+        // into (rest) before stays there.
         let out = top.book(
             t0 + INTERVAL + Duration::from_secs(1),
             &[item(1, "a", 14, 140), item(2, "b", 23, 230)],
         );
         assert_eq!(calls(&out, "b"), Some(0));
-        assert_eq!(calls(&out, REST), Some(56));
+        assert_eq!(calls(&out, REST), Some(53));
+    }
+
+    #[test]
+    fn a_relation_busy_in_this_interval_keeps_its_place_against_small_newcomers() {
+        let mut top: Top<u32> = Top::new(1);
+        let t0 = Instant::now();
+        top.book(t0, &[item(1, "big", 1, 1)]);
+        // big scans for 1 s after the ranking, then is idle; small does a little IO later.
+        let t1 = t0 + Duration::from_secs(1);
+        top.book(
+            t1,
+            &[item(1, "big", 1000, 1_000_000), item(2, "small", 1, 10)],
+        );
+        let out = top.book(
+            t1 + Duration::from_secs(20),
+            &[item(1, "big", 1000, 1_000_000), item(2, "small", 5, 50)],
+        );
+        assert_eq!(calls(&out, "big"), Some(1000));
+        assert_eq!(calls(&out, "small"), None);
+        assert_eq!(calls(&out, REST), Some(5));
     }
 
     #[test]
