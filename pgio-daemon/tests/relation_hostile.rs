@@ -40,7 +40,7 @@ fn new_table_read(pg: &PgCluster, table: &str) -> String {
 }
 
 /// Puts a hostile file at the path.
-type MakeFile = dyn Fn(&Path);
+type MakeFile<'a> = dyn Fn(&Path) + 'a;
 
 fn chown(path: &Path, uid: u32, gid: u32) {
     std::os::unix::fs::lchown(path, Some(uid), Some(gid)).expect("chown");
@@ -73,7 +73,7 @@ fn hostile_catalog_files_leave_files_unnamed_and_count() {
         )
     };
 
-    let hostile: [(&str, &MakeFile); 3] = [
+    let hostile: [(&str, &MakeFile<'_>); 3] = [
         ("fifo", &|p| {
             let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
             // SAFETY: a valid C string; mkfifo has no other precondition.
