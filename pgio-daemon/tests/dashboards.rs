@@ -621,7 +621,8 @@ fn every_panel_query_returns_data() {
     let daemon = longhorn_daemon(
         &s.vol,
         &format!(
-            "bpf_stats = true\nrescan_interval_secs = 1\nquery_probes = true\n{}",
+            "bpf_stats = true\nrescan_interval_secs = 1\nquery_probes = true\nrelations = true\n\
+             max_relations = 5\n{}",
             logs.config()
         ),
     );
