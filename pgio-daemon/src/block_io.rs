@@ -261,7 +261,7 @@ impl Source for BlockIo {
         self.hists.fold(routes)
     }
 
-    fn housekeep(&self) {
+    fn housekeep(&self, _: &crate::series::SharedTracked) {
         let mut swept = lock(&self.swept);
         if swept.elapsed() >= sweep_every(self.timeout) {
             self.sweep();

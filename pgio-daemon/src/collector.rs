@@ -33,9 +33,9 @@ pub trait Source: Send + Sync {
         Ok(())
     }
 
-    /// Upkeep of its kernel maps that scrapes should not wait for (the block sweep), once a
-    /// second in `Collector::pass`.
-    fn housekeep(&self) {}
+    /// Upkeep that scrapes should not wait for (the block sweep, relation names), once a
+    /// second in `Collector::pass`; `tracked`: who pgio tracks now.
+    fn housekeep(&self, _tracked: &SharedTracked) {}
 }
 
 /// One source's reading, encoded once the series lock is held.
@@ -132,7 +132,7 @@ impl Collector {
     pub fn pass(&self, then: impl FnOnce()) {
         let _pass = lock(&self.pass);
         for s in &self.sources {
-            s.housekeep();
+            s.housekeep(&self.tracked);
         }
         self.fold();
         then();

@@ -7,6 +7,7 @@
 //! `relation="(rest)"`, a file not (yet) in the catalogs `"(relfilenode <n>)"`.
 pub mod book;
 pub mod names;
+pub mod open_files;
 pub mod top;
 
 use std::{
@@ -16,11 +17,14 @@ use std::{
 };
 
 use anyhow::Result;
-use aya::Ebpf;
+use aya::{
+    Ebpf,
+    maps::{Array, MapData},
+};
 use pgio_common::{
     SeriesId,
     hist::Bucket,
-    relation::{FD_SLOTS, FileClass, OPEN_MAX, QUOTA, RelFile, RelationKey},
+    relation::{FD_SLOTS, FdSlot, FileClass, OPEN_MAX, QUOTA, RelFile, RelationKey},
     syscall::{Cache, Syscall},
 };
 
@@ -32,7 +36,9 @@ use crate::{
     hist::{HistId, HistKey, HistMapSpec, HistSource, Hists, add_slot},
     labels::Labels,
     lock,
+    maps::take_map,
     provisional::Provisional,
+    series::SharedTracked,
 };
 use book::{FileRef, NameBook};
 use top::{Exported, Item, Rank, Top};
@@ -107,6 +113,12 @@ impl Family for RelationFamily {
             source: Some(Box::new(RelationSource {
                 hists,
                 state: Arc::new(Mutex::new(RelationState::new(config.max_relations))),
+                fds: if config.relations {
+                    Some(Mutex::new(take_map(ebpf, "RELATION_FDS")?))
+                } else {
+                    None
+                },
+                seeded: Mutex::default(),
             })),
         })
     }
@@ -172,6 +184,10 @@ impl Default for RelationState {
 pub struct RelationSource {
     hists: HistSource<RelationKey>,
     state: Arc<Mutex<RelationState>>,
+    /// `RELATION_FDS`, to name the files a process opened before pgio attached
+    /// (`open_files`); `None` with `relations = false`.
+    fds: Option<Mutex<Array<MapData, FdSlot>>>,
+    seeded: Mutex<open_files::Seeded>,
 }
 
 impl Source for RelationSource {
@@ -186,8 +202,30 @@ impl Source for RelationSource {
         self.hists.fold(routes)
     }
 
-    /// Reads the catalogs of the clusters due, outside the lock (a scrape never waits for it).
-    fn housekeep(&self) {
+    /// Names the open files of PostgreSQL processes seen for the first time, then reads the
+    /// catalogs of the clusters due, outside the lock (a scrape never waits for it).
+    fn housekeep(&self, tracked: &SharedTracked) {
+        if let Some(fds) = &self.fds {
+            let live: HashSet<u32> = {
+                let t = lock(tracked);
+                t.pids
+                    .iter()
+                    .filter(|(_, s)| {
+                        let l = t.registry.exported(**s);
+                        l.app == "postgres" && !l.cluster.is_empty()
+                    })
+                    .map(|(pid, _)| *pid)
+                    .collect()
+            };
+            let new = lock(&self.seeded).new_ones(&live);
+            if !new.is_empty() {
+                let mut fds = lock(fds);
+                for pid in new {
+                    // A process gone meanwhile has nothing to name.
+                    let _ = open_files::seed(&mut fds, pid);
+                }
+            }
+        }
         let jobs = lock(&self.state).book.due(Instant::now());
         for job in jobs {
             let read = job.read();

@@ -273,3 +273,95 @@ fn case(major: u32, n: u16) {
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
 }
+
+/// A session whose backend opened `a`'s file before pgio started: its reads of `a` are booked
+/// on `public.a` (the fd is named from `/proc/<pid>/fd`), as many as `EXPLAIN (ANALYZE,
+/// BUFFERS)` says it read (PostgreSQL 15: one `pread64` per block).
+#[test]
+fn pg15_files_opened_before_pgio_started_are_named() {
+    if !require_root("pg15_files_opened_before_pgio_started_are_named") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    use std::os::unix::fs::PermissionsExt;
+    let bin = pg_bin_dir(15).unwrap_or_else(|e| panic!("PostgreSQL 15: {e:#}"));
+    let dir = temp_dir().expect("temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("out dir");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let pgdata = dir.path().join("pgdata");
+    let opts = PgOptions::new(&bin, pgdata.clone(), 55_483)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off");
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    q(
+        &pg,
+        "create table a as select g, repeat('x', 200) as pad from generate_series(1, 100000) g",
+    );
+    q(&pg, "checkpoint");
+    // psql writes what `\o` names once it has run the statements before it.
+    let wait_for = |file: &std::path::Path, text: &str| {
+        let ok = wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+            std::fs::read_to_string(file).is_ok_and(|s| s.contains(text))
+        });
+        assert!(ok, "psql wrote no {text:?} to {}", file.display());
+        std::fs::read_to_string(file).unwrap_or_default()
+    };
+    let mut session = pg.session("postgres", "postgres").expect("session");
+    let opened = out.join("opened.txt");
+    session
+        .send(&format!(
+            "{SEQ_SCAN_A};\n\\o {}\nselect 'opened';",
+            opened.display()
+        ))
+        .expect("first scan");
+    wait_for(&opened, "opened");
+
+    let daemon = Daemon::with_config("relations = true\n").expect("daemon");
+    daemon.wait_tracked("postgres", "client backend");
+    // The pass that names the open files runs once a second.
+    std::thread::sleep(Duration::from_secs(2));
+    let cluster = pgdata.to_string_lossy().into_owned();
+    let reads_of_a = |m: &Metrics| {
+        m.sum(
+            FAMILY,
+            &[
+                ("relation", "public.a"),
+                ("role", BACKEND),
+                ("cluster", cluster.as_str()),
+            ],
+        )
+    };
+    let before = daemon.scrape();
+    let explained = out.join("explain.txt");
+    session
+        .send(&format!(
+            "\\o {}\nexplain (analyze, buffers) select count(*) from a;",
+            explained.display()
+        ))
+        .expect("second scan");
+    let plan = wait_for(&explained, "Execution Time");
+    let read: f64 = plan
+        .lines()
+        .find_map(|l| l.split("read=").nth(1))
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no read= in the plan:\n{plan}"));
+    let mut after = daemon.scrape();
+    wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
+        after = daemon.scrape();
+        reads_of_a(&after) - reads_of_a(&before) >= read
+    });
+    let booked = reads_of_a(&after) - reads_of_a(&before);
+    eprintln!(
+        "PG15, a's file opened before pgio started: the scan read {read} blocks; pgio: {booked} \
+         reads on public.a"
+    );
+    assert!(read > 1000.0, "the scan read {read} blocks");
+    assert_eq!(booked, read, "reads booked on public.a");
+    drop(session);
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+}
