@@ -276,7 +276,8 @@ fn case(major: u32, n: u16) {
 
 /// A session whose backend opened `a`'s file before pgio started: its reads of `a` are booked
 /// on `public.a` (the fd is named from `/proc/<pid>/fd`), as many as `EXPLAIN (ANALYZE,
-/// BUFFERS)` says it read (PostgreSQL 15: one `pread64` per block).
+/// BUFFERS)` says it read (PostgreSQL 15: one `pread64` per block); `pgio-daemon top --by
+/// database,relation` over the same scan shows the same count.
 #[test]
 fn pg15_files_opened_before_pgio_started_are_named() {
     if !require_root("pg15_files_opened_before_pgio_started_are_named") {
@@ -335,6 +336,17 @@ fn pg15_files_opened_before_pgio_started_are_named() {
         )
     };
     let before = daemon.scrape();
+    // `pgio-daemon top --by database,relation` over the same scan: the relation time.
+    let top = std::process::Command::new(env!("CARGO_BIN_EXE_pgio-daemon"))
+        .args(["top", "--once", "--json", "--interval", "6", "--url"])
+        .arg(format!("{}/metrics", daemon.url()))
+        .args(["--by", "database,relation", "--cluster", cluster.as_str()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn top");
+    // top scrapes at once, then after 6 s: the scan runs in between.
+    std::thread::sleep(Duration::from_millis(1500));
     let explained = out.join("explain.txt");
     session
         .send(&format!(
@@ -355,12 +367,36 @@ fn pg15_files_opened_before_pgio_started_are_named() {
         reads_of_a(&after) - reads_of_a(&before) >= read
     });
     let booked = reads_of_a(&after) - reads_of_a(&before);
+    let top = top.wait_with_output().expect("top");
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    let j: pgio_testkit::serde_json::Value =
+        pgio_testkit::serde_json::from_slice(&top.stdout).expect("one JSON object");
+    let top_reads: u64 = j["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| {
+            r["metric"] == "relation"
+                && r["labels"]["relation"] == "public.a"
+                && r["labels"]["database"] == "postgres"
+                && r["labels"]["syscall"] == "pread64"
+        })
+        .filter_map(|r| r["count"].as_u64())
+        .sum();
     eprintln!(
         "PG15, a's file opened before pgio started: the scan read {read} blocks; pgio: {booked} \
-         reads on public.a"
+         reads on public.a, `top --by database,relation`: {top_reads}"
     );
     assert!(read > 1000.0, "the scan read {read} blocks");
     assert_eq!(booked, read, "reads booked on public.a");
+    assert_eq!(
+        top_reads as f64, read,
+        "top's pread64 rows of postgres public.a:\n{j}"
+    );
     drop(session);
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");

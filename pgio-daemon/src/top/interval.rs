@@ -6,7 +6,7 @@ use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as p
 use serde::Serialize;
 
 use super::scrape::Scrape;
-use crate::{block_io, device_info::DEVICE_INFO, syscall};
+use crate::{block_io, device_info::DEVICE_INFO, relation, syscall};
 
 /// The histogram families `top` shows, by a short name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
@@ -22,6 +22,9 @@ pub enum Metric {
     Queue,
     /// Block requests' whole time, submission → complete (`pgio_block_io_seconds`).
     Block,
+    /// Read/write/sync time per PostgreSQL relation (`pgio_relation_io_seconds`,
+    /// `relations = true`).
+    Relation,
 }
 
 impl Metric {
@@ -32,6 +35,7 @@ impl Metric {
             Metric::Device => block_io::DEVICE_SECONDS.name,
             Metric::Queue => block_io::QUEUE_SECONDS.name,
             Metric::Block => block_io::SECONDS.name,
+            Metric::Relation => relation::RELATION_IO_SECONDS.name,
         }
     }
 
@@ -42,13 +46,14 @@ impl Metric {
             Metric::Device => "device",
             Metric::Queue => "queue",
             Metric::Block => "block",
+            Metric::Relation => "relation",
         }
     }
 
     /// Labels that split a row of this metric beyond the grouping ones: what was timed.
     pub fn own_labels(self) -> &'static [&'static str] {
         match self {
-            Metric::Syscall => &["syscall", "cache"],
+            Metric::Syscall | Metric::Relation => &["syscall", "cache"],
             Metric::Futex => &["syscall"],
             Metric::Device | Metric::Queue | Metric::Block => &["device", "op"],
         }

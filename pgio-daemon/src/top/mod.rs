@@ -48,10 +48,12 @@ pub struct TopArgs {
     /// Print each interval as one line of JSON (with --once: one object).
     #[arg(long)]
     pub json: bool,
-    /// Histograms to show.
-    #[arg(long, value_delimiter = ',', default_value = "syscall,futex,device")]
+    /// Histograms to show [default: syscall,futex,device; relation when --by names relation
+    /// or kind].
+    #[arg(long, value_delimiter = ',')]
     pub metric: Vec<Metric>,
-    /// Group rows by these labels (besides what each metric times: syscall/cache, device/op).
+    /// Group rows by these labels (besides what each metric times: syscall/cache, device/op),
+    /// e.g. `--by database,relation` for IO time per table and index (`relations = true`).
     #[arg(long, value_delimiter = ',', default_value = "app,role")]
     pub by: Vec<String>,
     /// At most this many rows, busiest first (0: all that fit; all with --once).
@@ -80,6 +82,18 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
 }
 
 impl TopArgs {
+    /// `--metric`, or what `--by` asks for: relation time when it groups by relation.
+    pub fn metrics(&self) -> Vec<Metric> {
+        if !self.metric.is_empty() {
+            return self.metric.clone();
+        }
+        if self.by.iter().any(|b| b == "relation" || b == "kind") {
+            vec![Metric::Relation]
+        } else {
+            vec![Metric::Syscall, Metric::Futex, Metric::Device]
+        }
+    }
+
     fn filter(&self) -> Filter {
         let pairs = [
             ("app", &self.app),
@@ -115,7 +129,7 @@ fn compute(args: &TopArgs, before: &Scrape, after: &Scrape) -> Interval {
         },
         None => Interval {
             seconds,
-            rows: interval::rows(before, after, &args.metric, &args.filter(), &args.by),
+            rows: interval::rows(before, after, &args.metrics(), &args.filter(), &args.by),
             layers: Vec::new(),
         },
     }
