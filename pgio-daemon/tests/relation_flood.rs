@@ -1,0 +1,144 @@
+//! 10,000 tables on a real PostgreSQL 15, each read once, round-robin, by one session (what a
+//! user creating tables in a loop can do): pgio's relation series and maps stay within their
+//! caps. Per cluster at most `max_relations` relations have series of their own, the others
+//! are `relation="(rest)"` and counted in `pgio_relation_rest_relations`, the relation map
+//! holds at most its size, and every key it could not take is counted
+//! (`pgio_hist_map_refused_total{map="relation"}`), as is every read: the reads booked on
+//! relations, in `(rest)`, or refused, add up to at least the tables read.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use pgio_testkit::{Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir, wait_until};
+
+const TABLES: u32 = 10_000;
+const MAX_RELATIONS: usize = 50;
+const FAMILY: &str = "pgio_relation_io_seconds_count";
+
+fn q(pg: &PgCluster, sql: &str) -> String {
+    pg.psql(sql).unwrap_or_else(|e| panic!("{sql}: {e:#}"))
+}
+
+#[test]
+fn ten_thousand_tables_stay_within_the_caps() {
+    if !require_root("ten_thousand_tables_stay_within_the_caps") {
+        return;
+    }
+    let bin = pg_bin_dir(15).unwrap_or_else(|e| panic!("PostgreSQL 15: {e:#}"));
+    let dir = temp_dir().expect("temp dir");
+    let pgdata = dir.path().join("pgdata");
+    let opts = PgOptions::new(&bin, pgdata.clone(), 55_484)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off")
+        .setting("max_locks_per_transaction", "256");
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    let t = Instant::now();
+    q(
+        &pg,
+        &format!(
+            "do $$ begin for i in 1..{TABLES} loop \
+             execute format('create table t_%s as select %s as x', i, i); end loop; end $$"
+        ),
+    );
+    q(&pg, "checkpoint");
+    eprintln!("{TABLES} tables created in {:?}", t.elapsed());
+    pg.stop().expect("stop");
+    pg.start().expect("start cold in shared buffers");
+
+    let daemon = Daemon::with_config(&format!(
+        "relations = true\nmax_relations = {MAX_RELATIONS}\n"
+    ))
+    .expect("daemon");
+    daemon.wait_tracked("postgres", "checkpointer");
+    let cluster = pgdata.to_string_lossy().into_owned();
+    let before = daemon.scrape();
+    let t = Instant::now();
+    q(
+        &pg,
+        &format!(
+            "do $$ declare n bigint; begin for i in 1..{TABLES} loop \
+             execute format('select count(*) from t_%s', i) into n; end loop; end $$"
+        ),
+    );
+    eprintln!("{TABLES} tables read in {:?}", t.elapsed());
+    // Names and places settle within a few passes.
+    let mut after = daemon.scrape();
+    wait_until(Duration::from_secs(15), Duration::from_millis(500), || {
+        after = daemon.scrape();
+        after.sum(
+            "pgio_relation_rest_relations",
+            &[("cluster", cluster.as_str())],
+        ) > 0.0
+    });
+    let mine = |m: &Metrics, relation: &str| {
+        m.sum(
+            FAMILY,
+            &[
+                ("cluster", cluster.as_str()),
+                ("role", "client backend"),
+                ("relation", relation),
+                ("syscall", "pread64"),
+            ],
+        )
+    };
+    let own: std::collections::BTreeSet<String> = after
+        .samples(FAMILY)
+        .filter(|s| s.labels.get("cluster") == Some(&cluster))
+        .filter_map(|s| s.labels.get("relation").cloned())
+        .filter(|r| !r.starts_with('('))
+        .collect();
+    let in_rest = after.sum(
+        "pgio_relation_rest_relations",
+        &[("cluster", cluster.as_str())],
+    );
+    let entries = after.sum("pgio_hist_map_entries", &[("map", "relation")]);
+    let max_entries = after.sum("pgio_hist_map_max_entries", &[("map", "relation")]);
+    let refused = after.sum("pgio_hist_map_refused_total", &[("map", "relation")])
+        - before.sum("pgio_hist_map_refused_total", &[("map", "relation")]);
+    let series = after.samples(FAMILY).count();
+    let named_reads: f64 = after
+        .samples(FAMILY)
+        .filter(|s| {
+            s.labels.get("cluster") == Some(&cluster)
+                && s.labels.get("role").map(String::as_str) == Some("client backend")
+                && s.labels.get("syscall").map(String::as_str) == Some("pread64")
+        })
+        .map(|s| s.value)
+        .sum::<f64>()
+        - before
+            .samples(FAMILY)
+            .filter(|s| {
+                s.labels.get("cluster") == Some(&cluster)
+                    && s.labels.get("role").map(String::as_str) == Some("client backend")
+                    && s.labels.get("syscall").map(String::as_str) == Some("pread64")
+            })
+            .map(|s| s.value)
+            .sum::<f64>();
+    eprintln!(
+        "{TABLES} tables read: {} relations with their own series, {in_rest} in (rest) \
+         ({} reads there), {series} relation series in all; relation map {entries} of \
+         {max_entries} keys, {refused} refused; reads booked {named_reads}",
+        own.len(),
+        mine(&after, "(rest)")
+    );
+    assert!(
+        own.len() <= MAX_RELATIONS,
+        "{} relations with series of their own: {own:?}",
+        own.len()
+    );
+    assert!(in_rest > 0.0, "no relation in (rest)");
+    assert!(mine(&after, "(rest)") > 0.0, "no read booked in (rest)");
+    assert!(
+        entries <= max_entries,
+        "{entries} keys in a map of {max_entries}"
+    );
+    // Every table's first read is its own key: one taken or one refused (and counted), each.
+    assert!(
+        named_reads + refused >= f64::from(TABLES),
+        "{named_reads} reads booked + {refused} keys refused < {TABLES} tables read"
+    );
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+}
