@@ -98,24 +98,17 @@ fn ten_thousand_tables_stay_within_the_caps() {
     let refused = after.sum("pgio_hist_map_refused_total", &[("map", "relation")])
         - before.sum("pgio_hist_map_refused_total", &[("map", "relation")]);
     let series = after.samples(FAMILY).count();
-    let named_reads: f64 = after
-        .samples(FAMILY)
-        .filter(|s| {
-            s.labels.get("cluster") == Some(&cluster)
-                && s.labels.get("role").map(String::as_str) == Some("client backend")
-                && s.labels.get("syscall").map(String::as_str) == Some("pread64")
-        })
-        .map(|s| s.value)
-        .sum::<f64>()
-        - before
-            .samples(FAMILY)
+    let backend_reads = |m: &Metrics| -> f64 {
+        m.samples(FAMILY)
             .filter(|s| {
                 s.labels.get("cluster") == Some(&cluster)
                     && s.labels.get("role").map(String::as_str) == Some("client backend")
                     && s.labels.get("syscall").map(String::as_str) == Some("pread64")
             })
             .map(|s| s.value)
-            .sum::<f64>();
+            .sum()
+    };
+    let named_reads = backend_reads(&after) - backend_reads(&before);
     eprintln!(
         "{TABLES} tables read: {} relations with their own series, {in_rest} in (rest) \
          ({} reads there), {series} relation series in all; relation map {entries} of \

@@ -186,13 +186,25 @@ impl Fake {
         cwd: &Path,
         env: &[(&str, &str)],
     ) -> Result<Fake> {
+        Fake::start_as(NOBODY, bin, argv0, args, cwd, env)
+    }
+
+    /// The same as user and group `id` (0: a root-owned made-up cluster).
+    pub fn start_as(
+        id: u32,
+        bin: &Path,
+        argv0: &str,
+        args: &[&str],
+        cwd: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Fake> {
         let mut c = Command::new(bin);
         c.arg0(argv0)
             .args(args)
             .current_dir(cwd)
             .env_clear()
-            .uid(NOBODY)
-            .gid(NOBODY)
+            .uid(id)
+            .gid(id)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         for (k, v) in env {

@@ -181,20 +181,20 @@ impl<Id: Clone + Ord> Top<Id> {
             }
             let (mut kept, others): (Vec<&Rank>, Vec<&Rank>) =
                 ranks.into_iter().partition(|r| self.members.contains(*r));
+            // `kept` stays busiest first, so its weakest is last.
             for r in others.into_iter().filter(|r| recent(r) > 0) {
-                if kept.len() < self.max {
-                    kept.push(r);
-                } else if kept
-                    .last()
-                    .is_some_and(|weakest| recent(weakest) < recent(r))
-                {
-                    kept.pop();
-                    // Keep `kept` weakest last.
-                    let at = kept.partition_point(|k| recent(k) >= recent(r));
-                    kept.insert(at, r);
-                } else {
-                    break;
+                if kept.len() >= self.max {
+                    if kept
+                        .last()
+                        .is_some_and(|weakest| recent(weakest) < recent(r))
+                    {
+                        kept.pop();
+                    } else {
+                        break;
+                    }
                 }
+                let at = kept.partition_point(|k| recent(k) >= recent(r));
+                kept.insert(at, r);
             }
             members.extend(kept.into_iter().cloned());
         }
@@ -350,6 +350,34 @@ mod tests {
         assert_eq!(calls(&out, "big"), Some(1000));
         assert_eq!(calls(&out, "small"), None);
         assert_eq!(calls(&out, REST), Some(5));
+    }
+
+    #[test]
+    fn newcomers_fill_free_places_and_then_displace_the_least_busy_member() {
+        let mut top: Top<u32> = Top::new(3);
+        let t0 = Instant::now();
+        top.book(t0, &[item(1, "a", 1, 1_000)]);
+        // Between rankings: a did 5 ns since; x (100), y (50) take the free places, z (20)
+        // takes a's, w (1) none.
+        let out = top.book(
+            t0 + Duration::from_secs(1),
+            &[
+                item(1, "a", 2, 1_005),
+                item(2, "x", 1, 100),
+                item(3, "y", 1, 50),
+                item(4, "z", 1, 20),
+                item(5, "w", 1, 1),
+            ],
+        );
+        for r in ["x", "y", "z"] {
+            assert_eq!(calls(&out, r), Some(1), "{r}");
+        }
+        assert_eq!((calls(&out, "a"), calls(&out, "w")), (None, None));
+        assert_eq!(
+            calls(&out, REST),
+            Some(1),
+            "w's call; a's are its own series' past"
+        );
     }
 
     #[test]
