@@ -141,7 +141,11 @@ impl Default for Config {
             max_label_len: limits.label_len as u64,
             hist_map_max_entries: 65_536,
             syscall_rows: true,
-            possible_cpus: crate::map_memory::possible_cpus().unwrap_or(1),
+            // `map_memory::possible_cpus` reports why it cannot tell; here 1 will do.
+            possible_cpus: aya::util::nr_cpus()
+                .ok()
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(1),
             block_inflight_timeout_secs: 180,
             queries: true,
             query_probes: false,
