@@ -125,7 +125,11 @@ impl Clusters {
         }
         let known = p.cwd.as_ref().and_then(|d| self.known(d));
         let mut labels = Labels::app_role("postgres", "");
-        let Some(title) = p.cmdline.strip_prefix("postgres: ") else {
+        let title = p
+            .cmdline
+            .strip_prefix("postgres: ")
+            .filter(|_| !title_being_written(&p.argv));
+        let Some(title) = title else {
             // A forked child keeps the postmaster's command line until it sets its title.
             labels.role = if trust == Some(Trust::Child) {
                 STARTING
@@ -230,6 +234,15 @@ pub fn child_labels(parent: &Labels) -> Option<Labels> {
 /// add something (an autovacuum worker its database, a background worker its name).
 pub fn settled(labels: &Labels) -> bool {
     labels.role == "client backend"
+}
+
+/// Whether /proc caught PostgreSQL writing its title over its argv: the title is in the
+/// first argument and the old arguments follow until it pads them with NULs (Linux, where
+/// it clobbers argv). Such a title can be cut anywhere (`postgres: postgres shop [lo` + an
+/// old argument's tail): the process counts as not titled yet, and the next look or the
+/// kernel's copy of the finished title classifies it.
+fn title_being_written(argv: &[String]) -> bool {
+    argv.len() > 1
 }
 
 /// `cluster_name` prefix (`15/main: checkpointer`) when nothing is known about the cluster

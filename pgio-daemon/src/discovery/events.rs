@@ -138,8 +138,15 @@ impl Discovery {
     pub(super) fn run_due(&mut self) {
         let now = Instant::now();
         while let Some(look) = self.schedule.pop_due(now) {
-            let tracked = lock(&self.shared).pids.contains_key(&look.pid);
-            if tracked && !self.classify_now(look.pid) {
+            // A look scheduled before the kernel sent the title can find its process settled.
+            let due = {
+                let shared = lock(&self.shared);
+                shared
+                    .pids
+                    .get(&look.pid)
+                    .is_some_and(|id| !shared.registry.labels(*id).is_some_and(Classifier::settled))
+            };
+            if due && !self.classify_now(look.pid) {
                 if look.has_next() {
                     self.schedule.next_after(look);
                 } else {

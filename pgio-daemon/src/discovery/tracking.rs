@@ -87,6 +87,18 @@ impl Discovery {
 
     pub(super) fn track(&mut self, pid: u32, labels: Labels) {
         let mut shared = lock(&self.shared);
+        if Classifier::is_starting(&labels)
+            && let Some(now) = shared
+                .pids
+                .get(&pid)
+                .and_then(|id| shared.registry.labels(*id))
+            && now.app == "postgres"
+            && !Classifier::is_provisional(now)
+        {
+            // Titled already: this look caught PostgreSQL rewriting its title (see
+            // `classifier::postgres`), which takes nothing back.
+            return;
+        }
         if let Some(child) = Classifier::child_labels(&labels) {
             let (parent, child) = (
                 shared.intern(labels.clone(), KeyOwner::Pid(pid)),
