@@ -14,6 +14,7 @@ pub mod kernel_offsets;
 pub mod key_quota;
 pub mod lifecycle;
 pub mod query;
+pub mod query_id;
 pub mod relation;
 pub mod syscall;
 

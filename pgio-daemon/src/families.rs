@@ -2,13 +2,14 @@
 //! of the families' metrics in `/metrics`.
 use crate::{
     block_io::BlockIoFamily, family::Family, lifecycle::LifecycleFamily, query::QueryFamily,
-    relation::RelationFamily, syscall::SyscallFamily,
+    query_id::QueryIdFamily, relation::RelationFamily, syscall::SyscallFamily,
 };
 
 pub static FAMILIES: &[&dyn Family] = &[
     &BlockIoFamily,
     &SyscallFamily,
     &QueryFamily,
+    &QueryIdFamily,
     &RelationFamily,
     &LifecycleFamily,
 ];

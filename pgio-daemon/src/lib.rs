@@ -40,6 +40,7 @@ pub mod probes;
 pub mod proc_scan;
 pub mod provisional;
 pub mod query;
+pub mod query_id;
 pub mod reclassify;
 pub mod relation;
 pub mod run;

@@ -604,7 +604,15 @@ fn every_panel_query_returns_data() {
     let t0 = Instant::now();
     let cluster = format!("15/dash-{}", std::process::id());
     let cluster_name = format!("'{cluster}'");
-    let mut s = pg_on_longhorn(None, 56_430, &[("cluster_name", cluster_name.as_str())]);
+    let mut s = pg_on_longhorn(
+        None,
+        56_430,
+        &[
+            ("cluster_name", cluster_name.as_str()),
+            // pgbench's statements get query ids (the query id panels).
+            ("compute_query_id", "on"),
+        ],
+    );
     let setup = t0.elapsed();
 
     // A real Longhorn volume is a SCSI disk with mq-deadline; the stand-in's loop device has

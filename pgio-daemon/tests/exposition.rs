@@ -27,6 +27,10 @@ use pgio_daemon::{
     map_memory::MapMemory,
     probes::ProbeStatus,
     query::{QueryId, QuerySnapshot},
+    query_id::{
+        QueryIdSnapshot,
+        places::{Counts, Qid},
+    },
     relation::{
         RelationId, RelationSnapshot, RelationState,
         book::FileRef,
@@ -51,6 +55,8 @@ struct Readings {
     volumes: Vec<(u32, String)>,
     /// Only in `all_families`.
     queries: QuerySnapshot,
+    /// Only in `all_families`.
+    query_ids: QueryIdSnapshot,
     /// Only in `all_families`.
     relations: RelationSnapshot,
     key_quota: KeyQuotaSnapshot,
@@ -81,10 +87,11 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 11] = [
+    let sources: [&dyn Snapshot; 12] = [
         &r.block,
         &r.syscalls,
         &r.queries,
+        &r.query_ids,
         &r.relations,
         &r.key_quota,
         &TrackedProcesses,
@@ -135,6 +142,32 @@ fn all_families() -> Readings {
             h(n as u64 + 20, misses),
         );
     }
+    // Query ids: one with a place (pg_stat_statements shows it signed), the rest, a query
+    // without id and one pgio could not read.
+    for (n, qid) in [
+        Qid::Id(0xfedc_ba98_7654_3210),
+        Qid::Rest,
+        Qid::None,
+        Qid::Unknown,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let n = n as u64;
+        r.query_ids.exported.insert(
+            (pg, qid),
+            Counts {
+                duration: h(n + 40, 0),
+                io: h(n + 44, 0),
+                miss_ns: 1_500_000 * n,
+                misses: 3 * n,
+            },
+        );
+    }
+    r.query_ids
+        .in_rest
+        .insert(("15/main".into(), "we\"ird\nname\\ x".into()), 7);
+    r.query_ids.sources = (2, 1);
     let file = |relfilenode, fork| RelFile::relation(1663, 16384, relfilenode, fork);
     for (series, file, syscall, cache, n) in [
         (

@@ -21,7 +21,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, kernel_offsets::offsets, query, relation, syscall, tracked};
+use crate::{drops, kernel_offsets::offsets, query, query_id, relation, syscall, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_RING_BYTES, 0);
@@ -88,6 +88,7 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
     }
     let series = tracked::child_series_of(series, tgid as u32);
     tracked::set(tgid as u32, series);
+    query_id::forked(parent_tgid, tgid as u32);
     // A new process: a reused pid does not inherit the last holder's spent title budget.
     let _ = TITLES_SENT.remove(tgid as u32);
     emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
@@ -113,6 +114,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     if tid != tgid {
         return 0;
     }
+    query_id::exited(tgid);
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };

@@ -15,6 +15,7 @@ mod kernel_offsets;
 mod key_quota;
 mod lifecycle;
 mod query;
+mod query_id;
 mod relation;
 mod sys_record;
 mod syscall;

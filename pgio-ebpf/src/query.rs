@@ -97,6 +97,7 @@ fn book_query(series: SeriesId, s: &QueryState, end: u64) {
             atomic_add(&raw mut (*r).multi_send, 1);
         }
     }
+    crate::query_id::book(series, s, d);
 }
 
 /// The next query starts at `start` (`Running`, or `AfterReply` when busy since a reply).

@@ -33,6 +33,7 @@ struct File {
     query_probes: Option<bool>,
     relations: Option<bool>,
     max_relations: Option<Spanned<usize>>,
+    max_query_ids: Option<Spanned<usize>>,
     query_args_at_entry: Option<bool>,
     max_postgres_binaries: Option<usize>,
     http_header_timeout_secs: Option<Spanned<u64>>,
@@ -161,6 +162,17 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
             ),
         ));
     }
+    if let Some(n) = &file.max_query_ids
+        && *n.get_ref() > 1_000
+    {
+        return Err(invalid(
+            n.span().start,
+            format!(
+                "max_query_ids must be between 0 (off) and 1000, not {}",
+                n.get_ref()
+            ),
+        ));
+    }
     let default = Config::default();
     let or = |v: &Option<Spanned<u64>>, d: u64| v.as_ref().map_or(d, |v| *v.get_ref());
     Ok(Config {
@@ -196,6 +208,9 @@ pub(super) fn parse(text: &str, path: &str) -> Result<Config, ConfigError> {
         max_relations: file
             .max_relations
             .map_or(default.max_relations, Spanned::into_inner),
+        max_query_ids: file
+            .max_query_ids
+            .map_or(default.max_query_ids, Spanned::into_inner),
         query_args_at_entry: file
             .query_args_at_entry
             .unwrap_or(default.query_args_at_entry),

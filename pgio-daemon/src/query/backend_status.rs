@@ -24,6 +24,9 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 /// Binaries larger than this are not parsed (postgres is ~10 MiB).
 const MAX_EXE: u64 = 512 << 20;
 const SYMBOL: &str = "MyBEEntry";
+/// Dynamic symbols looked through at most (postgres 15 has 10,796): a crafted binary of a
+/// made-up cluster cannot keep the pass busy.
+const MAX_SYMBOLS: usize = 1 << 18;
 
 /// Byte offset of `st_query_id` in `PgBackendStatus`, by major version, measured on x86_64
 /// (aarch64's LP64 alignment rules give the same layout; not measured there yet).
@@ -60,6 +63,7 @@ pub fn my_be_entry_symbol(pid: u32) -> io::Result<u64> {
     let elf = object::File::parse(&cache).map_err(|e| invalid(format!("/proc/{pid}/exe: {e}")))?;
     let sym = elf
         .dynamic_symbols()
+        .take(MAX_SYMBOLS)
         .find(|s| s.name() == Ok(SYMBOL))
         .ok_or_else(|| invalid(format!("/proc/{pid}/exe has no {SYMBOL}")))?;
     let first_load = elf

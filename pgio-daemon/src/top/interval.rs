@@ -6,7 +6,7 @@ use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as p
 use serde::Serialize;
 
 use super::scrape::Scrape;
-use crate::{block_io, device_info::DEVICE_INFO, relation, syscall};
+use crate::{block_io, device_info::DEVICE_INFO, query_id, relation, syscall};
 
 /// The histogram families `top` shows, by a short name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum, Serialize)]
@@ -25,6 +25,11 @@ pub enum Metric {
     /// Read/write/sync time per PostgreSQL relation (`pgio_relation_io_seconds`,
     /// `relations = true`).
     Relation,
+    /// Query time per query id (`pgio_query_id_seconds`).
+    Query,
+    /// IO time in queries per query id (`pgio_query_id_io_seconds`).
+    #[value(name = "query-io")]
+    QueryIo,
 }
 
 impl Metric {
@@ -36,6 +41,8 @@ impl Metric {
             Metric::Queue => block_io::QUEUE_SECONDS.name,
             Metric::Block => block_io::SECONDS.name,
             Metric::Relation => relation::RELATION_IO_SECONDS.name,
+            Metric::Query => query_id::QUERY_ID_SECONDS.name,
+            Metric::QueryIo => query_id::QUERY_ID_IO_SECONDS.name,
         }
     }
 
@@ -47,6 +54,8 @@ impl Metric {
             Metric::Queue => "queue",
             Metric::Block => "block",
             Metric::Relation => "relation",
+            Metric::Query => "query",
+            Metric::QueryIo => "query-io",
         }
     }
 
@@ -56,6 +65,7 @@ impl Metric {
             Metric::Syscall | Metric::Relation => &["syscall", "cache"],
             Metric::Futex => &["syscall"],
             Metric::Device | Metric::Queue | Metric::Block => &["device", "op"],
+            Metric::Query | Metric::QueryIo => &[],
         }
     }
 }

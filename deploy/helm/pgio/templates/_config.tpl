@@ -27,6 +27,7 @@ queries = {{ $c.queries }}
 query_probes = {{ $c.query_probes }}
 relations = {{ $c.relations }}
 max_relations = {{ int $c.max_relations }}
+max_query_ids = {{ int $c.max_query_ids }}
 {{- range $rule := $c.rules }}
 
 [[rule]]

@@ -1,0 +1,265 @@
+//! Which query ids get series of their own: per (cluster, database), the `max` ids with the
+//! most IO time over the last [`INTERVAL`]; until the places are taken, any id that shows up.
+//! The other ids' queries are booked together as `queryid="(rest)"` of their series. A user
+//! running 100,000 distinct statements moves the places around, never their number.
+//!
+//! Counts arrive as deltas (the kernel rows of one epoch), so every exported counter is
+//! monotonic by construction: an id's own series starts from zero when it gets its place (what
+//! it booked into `(rest)` before stays there), and ends when it loses it.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use pgio_common::SeriesId;
+
+use crate::hist::Log2Hist;
+
+/// How often places are handed out again by IO time.
+pub const INTERVAL: Duration = Duration::from_secs(60);
+
+/// Ids ranked per interval on the whole node; past it, a new id goes to `(rest)` until the
+/// next ranking (a flood of one-off statements costs bounded memory).
+pub const MAX_CANDIDATES: usize = 10_000;
+
+/// What a series' queries are booked under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Qid {
+    /// `pg_stat_activity.query_id`.
+    Id(u64),
+    /// The backend showed no id.
+    None,
+    /// pgio could not read it.
+    Unknown,
+    /// The other ids of its database (past `max_query_ids`, or refused by the kernel map).
+    Rest,
+}
+
+impl Qid {
+    /// The `queryid` label: the id as `pg_stat_statements.queryid` shows it (a signed bigint).
+    pub fn label(self) -> String {
+        match self {
+            Qid::Id(id) => (id as i64).to_string(),
+            Qid::None => "(none)".into(),
+            Qid::Unknown => "(unknown)".into(),
+            Qid::Rest => "(rest)".into(),
+        }
+    }
+}
+
+/// A series' queries under one id: durations, IO times, and the reads that missed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub duration: Log2Hist,
+    pub io: Log2Hist,
+    pub miss_ns: u64,
+    pub misses: u64,
+}
+
+impl Counts {
+    pub fn merge(&mut self, o: &Counts) {
+        self.duration.merge(&o.duration);
+        self.io.merge(&o.io);
+        self.miss_ns = self.miss_ns.wrapping_add(o.miss_ns);
+        self.misses = self.misses.wrapping_add(o.misses);
+    }
+}
+
+/// The group an id is ranked in: its series' cluster and database.
+pub type Group = (String, String);
+
+#[derive(Debug)]
+pub struct Places {
+    max: usize,
+    members: HashMap<Group, HashSet<u64>>,
+    /// IO time (ns) per id in this interval.
+    recent: HashMap<Group, HashMap<u64, u64>>,
+    candidates: usize,
+    ranked_at: Option<Instant>,
+    /// What is exported: cumulative since each key began.
+    pub exported: BTreeMap<(SeriesId, Qid), Counts>,
+}
+
+impl Places {
+    pub fn new(max: usize) -> Places {
+        Places {
+            max,
+            members: HashMap::new(),
+            recent: HashMap::new(),
+            candidates: 0,
+            ranked_at: None,
+            exported: BTreeMap::new(),
+        }
+    }
+
+    /// Books one delta of `series` (in `group`) under `qid` at `now`.
+    pub fn book(&mut self, now: Instant, series: SeriesId, group: &Group, qid: Qid, d: &Counts) {
+        self.rerank_if_due(now);
+        let key = match qid {
+            Qid::Id(id) => {
+                if self.max > 0 && self.admit(group, id, d.io.sum_ns) {
+                    Qid::Id(id)
+                } else {
+                    Qid::Rest
+                }
+            }
+            other => other,
+        };
+        self.exported.entry((series, key)).or_default().merge(d);
+    }
+
+    /// Whether `id` has a place in `group` (taking a free one), after counting its IO time.
+    fn admit(&mut self, group: &Group, id: u64, io_ns: u64) -> bool {
+        let recent = self.recent.entry(group.clone()).or_default();
+        match recent.get_mut(&id) {
+            Some(ns) => *ns = ns.saturating_add(io_ns),
+            None if self.candidates < MAX_CANDIDATES => {
+                recent.insert(id, io_ns);
+                self.candidates += 1;
+            }
+            None => {}
+        }
+        let members = self.members.entry(group.clone()).or_default();
+        if members.contains(&id) {
+            return true;
+        }
+        if members.len() < self.max {
+            members.insert(id);
+            return true;
+        }
+        false
+    }
+
+    /// Once an interval is over, the places go to the ids with the most IO time in it (members
+    /// first on a tie); those that lose theirs end their series.
+    fn rerank_if_due(&mut self, now: Instant) {
+        let due = self
+            .ranked_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL);
+        if !due {
+            return;
+        }
+        self.ranked_at = Some(now);
+        let recent = std::mem::take(&mut self.recent);
+        self.candidates = 0;
+        let mut members: HashMap<Group, HashSet<u64>> = HashMap::new();
+        for (group, ids) in recent {
+            let old = self.members.get(&group);
+            let mut ids: Vec<(u64, u64)> = ids.into_iter().collect();
+            let member = |id: &u64| old.is_some_and(|m| m.contains(id));
+            ids.sort_by(|a, b| {
+                b.1.cmp(&a.1)
+                    .then(member(&b.0).cmp(&member(&a.0)))
+                    .then(a.0.cmp(&b.0))
+            });
+            members.insert(
+                group,
+                ids.into_iter().take(self.max).map(|(id, _)| id).collect(),
+            );
+        }
+        self.members = members;
+    }
+
+    /// Ends the series of ids without a place (after a ranking) and of series gone.
+    pub fn retain(&mut self, group_of: impl Fn(SeriesId) -> Option<Group>) {
+        let members = &self.members;
+        self.exported.retain(|(series, qid), _| {
+            let Some(group) = group_of(*series) else {
+                return false;
+            };
+            match qid {
+                Qid::Id(id) => members.get(&group).is_some_and(|m| m.contains(id)),
+                _ => true,
+            }
+        });
+    }
+
+    /// Ids of each group that had IO in this interval but no place.
+    pub fn in_rest(&self) -> BTreeMap<Group, usize> {
+        self.recent
+            .iter()
+            .map(|(g, ids)| {
+                let members = self.members.get(g);
+                let n = ids
+                    .keys()
+                    .filter(|id| !members.is_some_and(|m| m.contains(id)))
+                    .count();
+                (g.clone(), n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(queries: u64, io_ns: u64) -> Counts {
+        let mut c = Counts::default();
+        c.duration.slots[20] = queries;
+        c.duration.sum_ns = queries * 1_000_000;
+        c.io.slots[15] = queries;
+        c.io.sum_ns = io_ns;
+        c
+    }
+
+    fn queries(p: &Places, qid: Qid) -> Option<u64> {
+        p.exported
+            .iter()
+            .filter(|((_, q), _)| *q == qid)
+            .map(|(_, c)| c.duration.count())
+            .reduce(|a, b| a + b)
+    }
+
+    #[test]
+    fn the_busiest_ids_keep_places_and_the_rest_is_booked_together() {
+        let g: Group = ("c".into(), "db".into());
+        let s = SeriesId(3);
+        let mut p = Places::new(2);
+        let t0 = Instant::now();
+        // Two places: the first two ids take them, the third goes to (rest).
+        p.book(t0, s, &g, Qid::Id(1), &counts(1, 10));
+        p.book(t0, s, &g, Qid::Id(2), &counts(1, 20));
+        p.book(t0, s, &g, Qid::Id(3), &counts(5, 5_000));
+        p.book(t0, s, &g, Qid::None, &counts(7, 0));
+        assert_eq!(queries(&p, Qid::Id(1)), Some(1));
+        assert_eq!(queries(&p, Qid::Id(3)), None);
+        assert_eq!(queries(&p, Qid::Rest), Some(5));
+        assert_eq!(queries(&p, Qid::None), Some(7), "never ranked");
+        assert_eq!(p.in_rest().get(&g), Some(&1));
+        // The next ranking goes by the interval's IO time: 3 (5,000 ns) and 2 (20) keep
+        // places, 1 loses its own series; what 3 booked into (rest) stays there.
+        let t1 = t0 + INTERVAL;
+        p.book(t1, s, &g, Qid::Id(3), &counts(2, 100));
+        p.retain(|_| Some(g.clone()));
+        assert_eq!(queries(&p, Qid::Id(3)), Some(2));
+        assert_eq!(queries(&p, Qid::Id(1)), None);
+        assert_eq!(queries(&p, Qid::Rest), Some(5));
+        p.book(t1, s, &g, Qid::Id(1), &counts(1, 1));
+        assert_eq!(
+            queries(&p, Qid::Rest),
+            Some(6),
+            "1 has no place until the next ranking"
+        );
+        // A series gone ends all its keys.
+        p.retain(|_| None);
+        assert!(p.exported.is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_ids_costs_bounded_memory() {
+        let g: Group = ("c".into(), "db".into());
+        let mut p = Places::new(20);
+        let t0 = Instant::now();
+        for id in 0..(MAX_CANDIDATES as u64 * 3) {
+            p.book(t0, SeriesId(1), &g, Qid::Id(id), &counts(1, 1));
+        }
+        assert_eq!(p.exported.len(), 21, "20 places and (rest)");
+        assert_eq!(
+            p.recent.values().map(HashMap::len).sum::<usize>(),
+            MAX_CANDIDATES
+        );
+        assert_eq!(queries(&p, Qid::Rest), Some(MAX_CANDIDATES as u64 * 3 - 20));
+    }
+}

@@ -1,0 +1,281 @@
+//! Queries per `pg_stat_statements` query id on real PostgreSQL (Debian's 15, PyPI's 17 and
+//! 18), with `compute_query_id = on` and `track_io_timing = on`: 20 distinct statements, each
+//! a scan of its own table (2 to 21 MB, through 16 MB of shared buffers after a restart: its
+//! reads are `pread`/`preadv` syscalls), run three times by one session.
+//! - each statement's queries appear under the `queryid` pg_stat_statements shows for it, as
+//!   many as its `calls`;
+//! - their IO time is within 25 % of pg_stat_statements' read time of the same statements
+//!   (PostgreSQL times each buffer read around the same syscall pgio times);
+//! - every query of the session is booked under some queryid: the sum over queryid series
+//!   equals `pgio_query_seconds_count` of the session's series, exactly;
+//! - with `max_query_ids = 5` (PostgreSQL 17), 5 ids have series of their own (the places go
+//!   first come until the next ranking: the set-up's statements hold some) and the other
+//!   statements' queries are `queryid="(rest)"`, their ids counted in `pgio_query_id_rest_ids`.
+mod common;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use common::Daemon;
+use pgio_testkit::{Metrics, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir, wait_until};
+
+const TABLES: u32 = 20;
+const RUNS: u32 = 3;
+const DB: &str = "postgres";
+/// Two passes and a margin: every row of the kernel map has been taken out.
+const DRAINED: Duration = Duration::from_millis(2_500);
+
+fn q(pg: &PgCluster, sql: &str) -> String {
+    pg.psql(sql).unwrap_or_else(|e| panic!("{sql}: {e:#}"))
+}
+
+/// Query count and IO seconds per `queryid` label of the session's series.
+fn per_id(m: &Metrics, cluster: &str) -> BTreeMap<String, (f64, f64)> {
+    let labels = [
+        ("cluster", cluster),
+        ("database", DB),
+        ("role", "client backend"),
+    ];
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in m.matching("pgio_query_id_seconds_count", &labels) {
+        out.entry(s.labels["queryid"].clone()).or_default().0 += s.value;
+    }
+    for s in m.matching("pgio_query_id_io_seconds_sum", &labels) {
+        out.entry(s.labels["queryid"].clone()).or_default().1 += s.value;
+    }
+    out
+}
+
+fn run(major: u32, port: u16, max_ids: usize) {
+    let name = format!("pg{major}_query_ids_{max_ids}");
+    if !require_root(&name) {
+        return;
+    }
+    let bin = pg_bin_dir(major).unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"));
+    let dir = temp_dir().expect("temp dir");
+    let pgdata = dir.path().join("pgdata");
+    let mut opts = PgOptions::new(&bin, pgdata.clone(), port)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off")
+        .setting("shared_preload_libraries", "'pg_stat_statements'")
+        .setting("compute_query_id", "on")
+        .setting("track_io_timing", "on");
+    if major >= 18 {
+        // The backend's own reads (io workers' reads are its IO time only with the opt-in
+        // uprobe, `query_probes`).
+        opts = opts.setting("io_method", "sync");
+    }
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    q(&pg, "create extension pg_stat_statements");
+    for i in 1..=TABLES {
+        // ~37 rows of 200 bytes a page: table i is 2 + i - 1 MB.
+        let rows = (i + 1) * 128 * 37;
+        q(
+            &pg,
+            &format!(
+                "create table t{i} as select g, repeat('x', 200) as pad from generate_series(1, {rows}) g"
+            ),
+        );
+    }
+    // Hint bits set now: the scans below only read (no buffer dirtied, nothing written).
+    q(&pg, "vacuum freeze");
+    q(&pg, "checkpoint");
+    // Cold shared buffers: each scan reads its table through syscalls.
+    pg.stop().expect("stop");
+    pg.start().expect("start");
+
+    let daemon = Daemon::with_config(&format!("max_query_ids = {max_ids}\n")).expect("daemon");
+    daemon.wait_tracked("postgres", "checkpointer");
+    let cluster = pgdata.to_string_lossy().into_owned();
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            daemon
+                .scrape()
+                .sum("pgio_query_id_postmasters", &[("state", "found")])
+                >= 1.0
+        }),
+        "{name}: pgio found no postmaster's query ids"
+    );
+    let mut session = pg.session(DB, "postgres").expect("session");
+    session.send("select 1;").expect("send");
+    let series = [
+        ("cluster", cluster.as_str()),
+        ("database", DB),
+        ("role", "client backend"),
+    ];
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            daemon.scrape().sum("pgio_query_seconds_count", &series) >= 1.0
+        }),
+        "{name}: the session's first query was not counted"
+    );
+    q(&pg, "select pg_stat_statements_reset()");
+    // Rows leave the kernel map within two passes: then the ids have caught up with the
+    // totals.
+    std::thread::sleep(DRAINED);
+    let before = daemon.scrape();
+    for _ in 0..RUNS {
+        for i in 1..=TABLES {
+            session
+                .send(&format!("select count(*) from t{i};"))
+                .expect("send");
+        }
+    }
+    session.send("select 'done';").expect("send");
+    let want = f64::from(TABLES * RUNS) + 1.0;
+    let counted = |m: &Metrics| {
+        per_id(m, &cluster).values().map(|v| v.0).sum::<f64>()
+            - per_id(&before, &cluster).values().map(|v| v.0).sum::<f64>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(200), || {
+            counted(&daemon.scrape()) >= want
+        }),
+        "{name}: fewer than {want} queries booked by query id"
+    );
+    std::thread::sleep(DRAINED);
+    let after = daemon.scrape();
+    let total = after.sum("pgio_query_seconds_count", &series)
+        - before.sum("pgio_query_seconds_count", &series);
+    let by_id = counted(&after);
+    eprintln!("{name}: {total} queries, {by_id} booked by query id");
+    assert_eq!(by_id, total, "{name}: every query under some queryid");
+
+    // pg_stat_statements' view of the same statements.
+    let read_time = if major >= 17 {
+        "shared_blk_read_time"
+    } else {
+        "blk_read_time"
+    };
+    let rows = q(
+        &pg,
+        &format!(
+            "select queryid, calls, round({read_time}::numeric, 3), shared_blks_read \
+             from pg_stat_statements where query like 'select count(*) from t%' order by query"
+        ),
+    );
+    let now: BTreeMap<String, (f64, f64)> = per_id(&after, &cluster);
+    let then = per_id(&before, &cluster);
+    let delta = |id: &str| {
+        let (c, io) = now.get(id).copied().unwrap_or_default();
+        let (c0, io0) = then.get(id).copied().unwrap_or_default();
+        (c - c0, io - io0)
+    };
+    let (mut pgss_ms, mut pgio_s, mut own) = (0.0, 0.0, 0);
+    for line in rows.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        assert_eq!(f.len(), 4, "{line}");
+        let (id, calls, ms, blocks): (&str, f64, f64, u64) = (
+            f[0],
+            f[1].parse().expect("calls"),
+            f[2].parse().expect("read time"),
+            f[3].parse().expect("blocks"),
+        );
+        assert_eq!(
+            calls,
+            f64::from(RUNS),
+            "{name}: pg_stat_statements calls of {id}"
+        );
+        let (n, io) = delta(id);
+        eprintln!(
+            "{name}: queryid {id}: {calls} calls, {blocks} blocks read in {ms} ms; pgio {n} queries, {:.3} ms IO",
+            io * 1e3
+        );
+        if n > 0.0 {
+            own += 1;
+            assert_eq!(n, calls, "{name}: queries of queryid {id}");
+            // PostgreSQL times each read around the syscall pgio times (and, on a busy CPU,
+            // also the wait to run again after it): never much less than pgio's. IO of
+            // another id booked here would break it (tables of 2 to 21 MB).
+            assert!(
+                io * 1e3 <= ms * 1.15 + 0.2,
+                "{name}: queryid {id}: pgio {:.3} ms of IO, PostgreSQL timed {ms} ms of reads",
+                io * 1e3
+            );
+            assert!(io > 0.0, "{name}: queryid {id}: no IO time");
+            pgss_ms += ms;
+            pgio_s += io;
+        }
+    }
+    assert_eq!(
+        rows.lines().count(),
+        TABLES as usize,
+        "{name}: statements in pg_stat_statements"
+    );
+    let rest = delta("(rest)").0;
+    if max_ids >= TABLES as usize {
+        assert_eq!(own, TABLES, "{name}: every statement has its own series");
+        assert_eq!(rest, 0.0, "{name}: nothing in (rest)");
+    } else {
+        // The places go first come (until the next ranking): the statements run before
+        // (`create extension`, the reset) hold some.
+        let places: std::collections::BTreeSet<&String> = after
+            .matching("pgio_query_id_seconds_count", &series)
+            .map(|s| &s.labels["queryid"])
+            .filter(|q| !q.starts_with('('))
+            .collect();
+        eprintln!(
+            "{name}: {own} of the statements have places, {} ids in all",
+            places.len()
+        );
+        assert_eq!(
+            places.len(),
+            max_ids,
+            "{name}: ids with series of their own"
+        );
+        assert!(own >= 1, "{name}: one of the statements had a free place");
+        // The other statements' queries and the closing `select 'done'`.
+        assert_eq!(
+            rest,
+            f64::from((TABLES - own) * RUNS + 1),
+            "{name}: (rest) holds the other statements' queries"
+        );
+        assert_eq!(
+            after.sum(
+                "pgio_query_id_rest_ids",
+                &[("cluster", &cluster), ("database", DB)]
+            ),
+            f64::from(TABLES - own + 1),
+            "{name}: ids in (rest)"
+        );
+    }
+    eprintln!(
+        "{name}: IO time of the ids with series: pgio {:.1} ms, pg_stat_statements {pgss_ms:.1} ms",
+        pgio_s * 1e3
+    );
+    // The backend's own IO syscall time in the window (the syscall family, another path
+    // through the kernel): the same time, spread over the ids.
+    let syscall_s = after.sum("pgio_syscall_seconds_sum", &series)
+        - before.sum("pgio_syscall_seconds_sum", &series);
+    let by_ids: f64 = now.keys().map(|id| delta(id).1).sum();
+    eprintln!(
+        "{name}: IO time booked by query id {:.2} ms, the backend's IO syscalls {:.2} ms",
+        by_ids * 1e3,
+        syscall_s * 1e3
+    );
+    assert!(
+        (by_ids - syscall_s).abs() <= 0.02 * syscall_s,
+        "{name}: IO time by query id {by_ids} s vs the backend's IO syscall time {syscall_s} s"
+    );
+    drop(session);
+}
+
+#[test]
+fn pg15_query_ids() {
+    run(15, 55_571, 25);
+}
+
+#[test]
+fn pg17_query_ids() {
+    run(17, 55_572, 25);
+}
+
+#[test]
+fn pg18_query_ids() {
+    run(18, 55_573, 25);
+}
+
+#[test]
+fn pg17_query_ids_past_max_query_ids() {
+    run(17, 55_574, 5);
+}

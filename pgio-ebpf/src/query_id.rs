@@ -1,0 +1,158 @@
+//! Each timed query booked again under its query id (`pgio_common::query_id` has the rules):
+//! `book` runs where `query` books a query; `forked` and `exited` keep `QUERY_ID_SOURCE`
+//! per process.
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    macros::map,
+    maps::{Array, HashMap},
+};
+use pgio_common::{
+    SeriesId,
+    drops::DropReason,
+    hist::{SLOTS, slot},
+    query::QueryState,
+    query_id::{IdKind, IdSource, QUOTA, QueryIdKey, QueryIdRow},
+};
+
+use crate::{atomic::atomic_add, drops, key_quota};
+
+/// `max_query_ids` above 0, written by userspace at load. Off, the verifier prunes the rest.
+#[unsafe(no_mangle)]
+static QUERY_IDS_ON: u8 = 1;
+
+/// Where the processes of a postmaster keep their query id, by tgid: userspace writes the
+/// postmaster's, a fork copies it to the child (one entry per process of a tracked cluster;
+/// when full, the newest processes' ids are `Unknown`).
+#[map]
+static QUERY_ID_SOURCE: HashMap<u32, IdSource> = HashMap::with_max_entries(16_384, 0);
+
+/// The epoch new rows are made in (0 or 1), flipped by userspace once a second.
+#[map]
+static QUERY_ID_EPOCH: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+static QUERY_ID_HIST: HashMap<QueryIdKey, QueryIdRow> = HashMap::with_max_entries(2_048, 0);
+
+static ZERO_ROW: QueryIdRow = QueryIdRow::ZERO;
+
+#[inline(always)]
+fn on() -> bool {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    unsafe { core::ptr::read_volatile(&QUERY_IDS_ON) != 0 }
+}
+
+/// A new process of a tracked parent inherits where its query id is (a postmaster's child
+/// shares its address space layout).
+#[inline(always)]
+pub fn forked(parent_tgid: u32, child_tgid: u32) {
+    if !on() {
+        return;
+    }
+    if let Some(src) = QUERY_ID_SOURCE.get_ptr(&parent_tgid) {
+        // SAFETY: a map value, copied before the insert.
+        let src = unsafe { *src };
+        let _ = QUERY_ID_SOURCE.insert(&child_tgid, &src, 0);
+    }
+}
+
+/// A process' exit (its leader's): its entry goes.
+#[inline(always)]
+pub fn exited(tgid: u32) {
+    if on() {
+        let _ = QUERY_ID_SOURCE.remove(&tgid);
+    }
+}
+
+/// The current process' query id now: what `pg_stat_activity.query_id` shows.
+#[inline(always)]
+fn current_id(tgid: u32) -> (IdKind, u64) {
+    let Some(src) = QUERY_ID_SOURCE.get_ptr(&tgid) else {
+        return (IdKind::Unknown, 0);
+    };
+    // SAFETY: a map value; then reads of the process' own memory, which may fail.
+    unsafe {
+        let src = *src;
+        let Ok(entry) = bpf_probe_read_user(src.my_be_entry as *const u64) else {
+            return (IdKind::Unknown, 0);
+        };
+        if entry == 0 {
+            return (IdKind::Unknown, 0);
+        }
+        match bpf_probe_read_user((entry.wrapping_add(src.offset)) as *const u64) {
+            Ok(0) => (IdKind::None, 0),
+            Ok(id) => (IdKind::Known, id),
+            Err(_) => (IdKind::Unknown, 0),
+        }
+    }
+}
+
+/// The row of `key`, made if its owner may have one more; else the series' `Refused` row of
+/// this epoch (one per series and epoch: not counted against the share).
+#[inline(always)]
+fn row(series: SeriesId, key: &mut QueryIdKey) -> Option<*mut QueryIdRow> {
+    if let Some(r) = QUERY_ID_HIST.get_ptr_mut(&*key) {
+        return Some(r);
+    }
+    if key_quota::take(QUOTA, series) {
+        let _ = QUERY_ID_HIST.insert(&*key, &ZERO_ROW, BPF_NOEXIST as u64);
+        if let Some(r) = QUERY_ID_HIST.get_ptr_mut(&*key) {
+            return Some(r);
+        }
+    }
+    key.kind = IdKind::Refused as u8;
+    key.query_id = 0;
+    if let Some(r) = QUERY_ID_HIST.get_ptr_mut(&*key) {
+        return Some(r);
+    }
+    let _ = QUERY_ID_HIST.insert(&*key, &ZERO_ROW, BPF_NOEXIST as u64);
+    let r = QUERY_ID_HIST.get_ptr_mut(&*key);
+    if r.is_none() {
+        drops::count(DropReason::HistFull);
+    }
+    r
+}
+
+/// SAFETY: `r` points to a `QUERY_ID_HIST` value.
+#[inline(always)]
+unsafe fn observe(r: *mut QueryIdRow, m: usize, ns: u64) {
+    unsafe {
+        if ns == 0 {
+            atomic_add(&raw mut (*r).zeros[m], 1);
+            return;
+        }
+        let s = slot(ns) as usize & (SLOTS - 1);
+        atomic_add(&raw mut (*r).slots[m][s], 1);
+        atomic_add(&raw mut (*r).sum_ns[m], ns);
+    }
+}
+
+/// The query of `s` that took `d` ns, under the id its backend shows.
+#[inline(always)]
+pub fn book(series: SeriesId, s: &QueryState, d: u64) {
+    if !on() {
+        return;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let (kind, query_id) = current_id(tgid);
+    let epoch = QUERY_ID_EPOCH.get(0).copied().unwrap_or(0) as u8 & 1;
+    let mut key = QueryIdKey {
+        series,
+        epoch,
+        kind: kind as u8,
+        _pad: 0,
+        query_id,
+    };
+    let Some(r) = row(series, &mut key) else {
+        return;
+    };
+    // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
+    unsafe {
+        observe(r, 0, d);
+        observe(r, 1, s.io_ns.min(d));
+        if s.misses != 0 {
+            atomic_add(&raw mut (*r).misses, s.misses);
+            atomic_add(&raw mut (*r).miss_ns, s.miss_ns.min(d));
+        }
+    }
+}
