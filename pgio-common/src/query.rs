@@ -147,6 +147,9 @@ pub struct QueryState {
     /// length, kept by its `sys_enter_*` program for its exit.
     pub call_buf: u64,
     pub call_len: u64,
+    /// Where this backend keeps its query id (`query_id`): found at its first query once its
+    /// postmaster's `IdSource` is known, then read at each query's end; 0 until then.
+    pub query_id_at: u64,
     pub client_fd: u32,
     /// Encrypted: sends in this cycle.
     pub sends: u16,
@@ -199,7 +202,7 @@ pub const SERVES_CLIENTS_WORDS: u32 = crate::CHILD_SERIES_MAX / 64;
 
 crate::abi_size!(QueryKey, 8, 4);
 crate::abi_size!(QueryRow, 1608, 8);
-crate::abi_size!(QueryState, 80, 8);
+crate::abi_size!(QueryState, 88, 8);
 crate::abi_pod!(QueryKey, QueryRow, QueryState);
 
 #[cfg(test)]

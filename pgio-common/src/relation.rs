@@ -84,6 +84,9 @@ pub enum FileClass {
     Relation = 1,
     Wal = 2,
     Temp = 3,
+    /// Not a file: where a series' IO goes when the relation map had no room for its file's
+    /// key (its owner's share, or full), so that the sum over relations stays its total.
+    Rest = 4,
 }
 
 #[repr(u8)]
@@ -113,6 +116,7 @@ crate::abi_pod!(RelFile);
 
 impl RelFile {
     pub const OTHER: RelFile = RelFile::of_class(FileClass::Other);
+    pub const REST: RelFile = RelFile::of_class(FileClass::Rest);
 
     /// A relation's file: in `tablespace` (1663 for `base/`, 1664 for `global/`), of database
     /// `db`, with `relfilenode` and `fork`.

@@ -30,13 +30,31 @@ pub fn add<K>(
     value_ns: u64,
     bytes: u64,
 ) {
+    if let Err(reason) = try_add(map, Some(quota), series, key, value_ns, bytes) {
+        drops::count(reason);
+    }
+}
+
+/// `add`, telling why the event was not counted (the caller counts the drop, or books it
+/// elsewhere); `quota: None` makes a new key without taking from its owner's allowance (for
+/// keys bounded per series).
+#[inline(always)]
+pub fn try_add<K>(
+    map: &HashMap<K, Bucket>,
+    quota: Option<QuotaMap>,
+    series: SeriesId,
+    key: &K,
+    value_ns: u64,
+    bytes: u64,
+) -> Result<(), DropReason> {
     if let Some(b) = map.get_ptr_mut(key) {
         add_to(b, value_ns, bytes);
-        return;
+        return Ok(());
     }
-    if !key_quota::take(quota, series) {
-        drops::count(DropReason::HistOverShare);
-        return;
+    if let Some(quota) = quota
+        && !key_quota::take(quota, series)
+    {
+        return Err(DropReason::HistOverShare);
     }
     let b = Bucket {
         count: 1,
@@ -44,12 +62,15 @@ pub fn add<K>(
         bytes,
     };
     if map.insert(key, &b, BPF_NOEXIST as u64).is_ok() {
-        return;
+        return Ok(());
     }
     // Another CPU created the key between our lookup and insert: add to it.
     match map.get_ptr_mut(key) {
-        Some(b) => add_to(b, value_ns, bytes),
-        None => drops::count(DropReason::HistFull),
+        Some(b) => {
+            add_to(b, value_ns, bytes);
+            Ok(())
+        }
+        None => Err(DropReason::HistFull),
     }
 }
 

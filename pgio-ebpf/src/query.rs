@@ -77,27 +77,31 @@ unsafe fn observe(r: *mut QueryRow, m: usize, ns: u64) {
 }
 
 /// The query that ran from `s.start_ns` to `end`.
+///
+/// SAFETY: `s` points to this thread's `QUERY` value.
 #[inline(always)]
-fn book_query(series: SeriesId, s: &QueryState, end: u64) {
-    let Some(r) = row(series, s.wire) else {
+unsafe fn book_query(series: SeriesId, s: *mut QueryState, end: u64) {
+    // SAFETY: as the caller promises; not used past the fields read below.
+    let q = unsafe { &*s };
+    let Some(r) = row(series, q.wire) else {
         return;
     };
-    let d = end.wrapping_sub(s.start_ns);
+    let d = end.wrapping_sub(q.start_ns);
     // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
     unsafe {
         observe(r, 0, d);
         // IO time is within the query's; the min guards IO done after an encrypted cycle's
         // last send, which counts in it.
-        observe(r, 1, s.io_ns.min(d));
-        observe(r, 2, s.miss_ns.min(d));
-        if s.misses != 0 {
-            atomic_add(&raw mut (*r).misses, s.misses);
+        observe(r, 1, q.io_ns.min(d));
+        observe(r, 2, q.miss_ns.min(d));
+        if q.misses != 0 {
+            atomic_add(&raw mut (*r).misses, q.misses);
         }
-        if s.sends > 1 {
+        if q.sends > 1 {
             atomic_add(&raw mut (*r).multi_send, 1);
         }
+        crate::query_id::book(series, s, d);
     }
-    crate::query_id::book(series, s, d);
 }
 
 /// The next query starts at `start` (`Running`, or `AfterReply` when busy since a reply).
@@ -290,7 +294,7 @@ pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
         } else if phase == Phase::Running as u8 {
             if cycle_done {
                 let end = (*s).last_send_ns;
-                book_query(series, &*s, end);
+                book_query(series, s, end);
                 restart(s, if data { Phase::Running } else { Phase::Waiting }, end);
             }
         } else if phase == Phase::Startup as u8 && cycle_done {
@@ -392,7 +396,7 @@ pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
         (*s).wire = Wire::Plain as u8;
         let now = bpf_ktime_get_ns();
         if phase == Phase::Running as u8 || phase == Phase::AfterReply as u8 {
-            book_query(series, &*s, now);
+            book_query(series, s, now);
         }
         restart(s, Phase::AfterReply, now);
     }

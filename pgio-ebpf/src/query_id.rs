@@ -64,22 +64,39 @@ pub fn exited(tgid: u32) {
     }
 }
 
-/// The current process' query id now: what `pg_stat_activity.query_id` shows.
+/// Where the current process keeps its query id: its `PgBackendStatus` entry (set once when
+/// the backend starts) plus the offset; 0 while not known.
 #[inline(always)]
-fn current_id(tgid: u32) -> (IdKind, u64) {
+fn find_id(tgid: u32) -> u64 {
     let Some(src) = QUERY_ID_SOURCE.get_ptr(&tgid) else {
-        return (IdKind::Unknown, 0);
+        return 0;
     };
-    // SAFETY: a map value; then reads of the process' own memory, which may fail.
+    // SAFETY: a map value; then a read of the process' own memory, which may fail.
     unsafe {
         let src = *src;
-        let Ok(entry) = bpf_probe_read_user(src.my_be_entry as *const u64) else {
-            return (IdKind::Unknown, 0);
-        };
-        if entry == 0 {
-            return (IdKind::Unknown, 0);
+        match bpf_probe_read_user(src.my_be_entry as *const u64) {
+            Ok(entry) if entry != 0 => entry.wrapping_add(src.offset),
+            _ => 0,
         }
-        match bpf_probe_read_user((entry.wrapping_add(src.offset)) as *const u64) {
+    }
+}
+
+/// The current process' query id now (what `pg_stat_activity.query_id` shows), from its
+/// connection's `query_id_at`, found once.
+///
+/// SAFETY: `s` points to this thread's `QUERY` value.
+#[inline(always)]
+unsafe fn current_id(s: *mut QueryState) -> (IdKind, u64) {
+    unsafe {
+        let mut at = (*s).query_id_at;
+        if at == 0 {
+            at = find_id((bpf_get_current_pid_tgid() >> 32) as u32);
+            if at == 0 {
+                return (IdKind::Unknown, 0);
+            }
+            (*s).query_id_at = at;
+        }
+        match bpf_probe_read_user(at as *const u64) {
             Ok(0) => (IdKind::None, 0),
             Ok(id) => (IdKind::Known, id),
             Err(_) => (IdKind::Unknown, 0),
@@ -128,13 +145,17 @@ unsafe fn observe(r: *mut QueryIdRow, m: usize, ns: u64) {
 }
 
 /// The query of `s` that took `d` ns, under the id its backend shows.
+///
+/// SAFETY: `s` points to this thread's `QUERY` value.
 #[inline(always)]
-pub fn book(series: SeriesId, s: &QueryState, d: u64) {
+pub unsafe fn book(series: SeriesId, s: *mut QueryState, d: u64) {
     if !on() {
         return;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let (kind, query_id) = current_id(tgid);
+    // SAFETY: as the caller promises.
+    let (kind, query_id) = unsafe { current_id(s) };
+    // SAFETY: as the caller promises; copies of its counts.
+    let (io_ns, misses, miss_ns) = unsafe { ((*s).io_ns, (*s).misses, (*s).miss_ns) };
     let epoch = QUERY_ID_EPOCH.get(0).copied().unwrap_or(0) as u8 & 1;
     let mut key = QueryIdKey {
         series,
@@ -149,10 +170,10 @@ pub fn book(series: SeriesId, s: &QueryState, d: u64) {
     // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
     unsafe {
         observe(r, 0, d);
-        observe(r, 1, s.io_ns.min(d));
-        if s.misses != 0 {
-            atomic_add(&raw mut (*r).misses, s.misses);
-            atomic_add(&raw mut (*r).miss_ns, s.miss_ns.min(d));
+        observe(r, 1, io_ns.min(d));
+        if misses != 0 {
+            atomic_add(&raw mut (*r).misses, misses);
+            atomic_add(&raw mut (*r).miss_ns, miss_ns.min(d));
         }
     }
 }

@@ -1,8 +1,8 @@
 //! IO per PostgreSQL relation file (issue 31): a tracked process' `openat` names the file
 //! (`pgio_common::relation::parse_path`) and leaves it in the `(tgid, fd)` slot of
 //! `RELATION_FDS`; each timed read, write or sync on that fd then also counts in
-//! `RELATION_HIST` under the file. Files opened before pgio attached have no slot and are not
-//! counted here (the syscall family still counts them).
+//! `RELATION_HIST` under the file. A call on an fd without its slot (opened before pgio
+//! attached, or a slot another open took) counts as `(other)`.
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_str_bytes},
     macros::{map, tracepoint},
@@ -19,7 +19,7 @@ use pgio_common::{
 };
 
 use crate::{
-    hist,
+    drops, hist,
     sys_record::{ARG1, RET, field},
     tracked,
 };
@@ -121,10 +121,14 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
     };
     // SAFETY: a map value (see `sys_exit_openat` on a concurrent writer).
     let (tag, file) = unsafe { (core::ptr::read_volatile(&(*slot_ptr).tag), (*slot_ptr).file) };
-    if tag != fd_tag(tgid, s.fd) {
-        return;
-    }
-    let key = RelationKey {
+    // Not this fd's slot (opened before pgio attached and not found under the data directory,
+    // or another open took the slot): `(other)`, so that the sum over files is the total.
+    let file = if tag == fd_tag(tgid, s.fd) {
+        file
+    } else {
+        RelFile::OTHER
+    };
+    let mut key = RelationKey {
         series: s.series,
         file,
         syscall: s.syscall,
@@ -132,7 +136,16 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
         slot: slot(d),
         _pad: 0,
     };
-    hist::add(&RELATION_HIST, QUOTA, s.series, &key, d, bytes());
+    let bytes = bytes();
+    if hist::try_add(&RELATION_HIST, Some(QUOTA), s.series, &key, d, bytes).is_ok() {
+        return;
+    }
+    // No room for the file's key: the series' `(rest)` (a few keys a series, so outside the
+    // share) keeps the sum over relations its total.
+    key.file = RelFile::REST;
+    if let Err(reason) = hist::try_add(&RELATION_HIST, None, s.series, &key, d, bytes) {
+        drops::count(reason);
+    }
 }
 
 /// Called by `sched_process_exit` for every exiting thread.

@@ -4,8 +4,9 @@
 //! running 100,000 distinct statements moves the places around, never their number.
 //!
 //! Counts arrive as deltas (the kernel rows of one epoch), so every exported counter is
-//! monotonic by construction: an id's own series starts from zero when it gets its place (what
-//! it booked into `(rest)` before stays there), and ends when it loses it.
+//! monotonic and their sum is the total: an id's own series starts from zero when it gets its
+//! place (what it booked into `(rest)` before stays there), and when it loses the place its
+//! series ends and what it showed moves into `(rest)`.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     time::{Duration, Instant},
@@ -160,18 +161,29 @@ impl Places {
         self.members = members;
     }
 
-    /// Ends the series of ids without a place (after a ranking) and of series gone.
+    /// Ends the series of ids without a place (after a ranking), moving what they showed into
+    /// their series' `(rest)` (the sum over ids stays the total), and of series gone.
     pub fn retain(&mut self, group_of: impl Fn(SeriesId) -> Option<Group>) {
         let members = &self.members;
-        self.exported.retain(|(series, qid), _| {
+        let mut moved: Vec<(SeriesId, Counts)> = Vec::new();
+        self.exported.retain(|(series, qid), counts| {
             let Some(group) = group_of(*series) else {
                 return false;
             };
             match qid {
-                Qid::Id(id) => members.get(&group).is_some_and(|m| m.contains(id)),
+                Qid::Id(id) if !members.get(&group).is_some_and(|m| m.contains(id)) => {
+                    moved.push((*series, std::mem::take(counts)));
+                    false
+                }
                 _ => true,
             }
         });
+        for (series, counts) in moved {
+            self.exported
+                .entry((series, Qid::Rest))
+                .or_default()
+                .merge(&counts);
+        }
     }
 
     /// Ids of each group that had IO in this interval but no place.
@@ -229,17 +241,22 @@ mod tests {
         assert_eq!(queries(&p, Qid::None), Some(7), "never ranked");
         assert_eq!(p.in_rest().get(&g), Some(&1));
         // The next ranking goes by the interval's IO time: 3 (5,000 ns) and 2 (20) keep
-        // places, 1 loses its own series; what 3 booked into (rest) stays there.
+        // places, 1 loses its own series (its query moves into (rest)); what 3 booked into
+        // (rest) stays there.
         let t1 = t0 + INTERVAL;
         p.book(t1, s, &g, Qid::Id(3), &counts(2, 100));
         p.retain(|_| Some(g.clone()));
         assert_eq!(queries(&p, Qid::Id(3)), Some(2));
         assert_eq!(queries(&p, Qid::Id(1)), None);
-        assert_eq!(queries(&p, Qid::Rest), Some(5));
-        p.book(t1, s, &g, Qid::Id(1), &counts(1, 1));
         assert_eq!(
             queries(&p, Qid::Rest),
             Some(6),
+            "1's query moved there with its place"
+        );
+        p.book(t1, s, &g, Qid::Id(1), &counts(1, 1));
+        assert_eq!(
+            queries(&p, Qid::Rest),
+            Some(7),
             "1 has no place until the next ranking"
         );
         // A series gone ends all its keys.

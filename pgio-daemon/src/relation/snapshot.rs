@@ -38,6 +38,8 @@ fn unnamed(f: &RelFile) -> (String, &'static str, bool) {
     match f.class {
         x if x == FileClass::Wal as u8 => ("(wal)".into(), "", true),
         x if x == FileClass::Temp as u8 => ("(temp)".into(), "", true),
+        // The kernel map had no room for the file's key.
+        x if x == FileClass::Rest as u8 => (super::top::REST.into(), "", true),
         x if x == FileClass::Relation as u8 => {
             (format!("(relfilenode {})", f.relfilenode), "", false)
         }
@@ -204,7 +206,7 @@ impl LabelSet for &RelationLabels {
 
 pub static RELATION_IO_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_relation_io_seconds",
-    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster), database = the relation's, for files opened while pgio runs; relations = true only, in progress (seconds).",
+    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster, or, without database, IO the kernel map had no room for), database = the relation's, for files opened while pgio runs; relations = true only, in progress (seconds).",
     kind: Kind::Histogram,
 };
 
