@@ -87,7 +87,8 @@ pub struct Config {
     pub max_relations: usize,
     /// Query ids with series of their own per database (`pgio_query_id_seconds`): the ones
     /// with the most IO time over the last minute; the others are booked as
-    /// `queryid="(rest)"`. 0 turns the family off.
+    /// `queryid="(rest)"`. 0 (the default) turns the family off: on, it costs ~0.2-0.4 µs per
+    /// query (BENCHMARKS.md), ~1 % of `pgbench -S`.
     pub max_query_ids: usize,
     /// Attach `sys_enter_recvfrom`/`sys_enter_sendto` to keep the socket calls' arguments for
     /// their exits even where the exits can read them from the saved registers (Linux >= 5.15
@@ -155,7 +156,7 @@ impl Default for Config {
             query_probes: false,
             relations: false,
             max_relations: 50,
-            max_query_ids: 20,
+            max_query_ids: 0,
             query_args_at_entry: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),

@@ -630,7 +630,7 @@ fn every_panel_query_returns_data() {
         &s.vol,
         &format!(
             "bpf_stats = true\nrescan_interval_secs = 1\nquery_probes = true\nrelations = true\n\
-             max_relations = 5\n{}",
+             max_relations = 5\nmax_query_ids = 20\n{}",
             logs.config()
         ),
     );
