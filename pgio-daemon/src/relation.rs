@@ -52,6 +52,13 @@ pub static HIST: HistMapSpec = HistMapSpec {
     map: "RELATION_HIST",
     quota: QUOTA,
 };
+/// The series' `(rest)` keys (not under the key quota: a few per series).
+static REST_HIST: HistMapSpec = HistMapSpec {
+    family: "relation",
+    map: "RELATION_REST_HIST",
+    quota: QUOTA,
+};
+const REST_ENTRIES: u32 = 4_096;
 /// The eBPF global that turns the syscall exits' relation lookup on (`relations`).
 const ENABLED_GLOBAL: &str = "RELATIONS_ON";
 
@@ -76,6 +83,7 @@ impl Family for RelationFamily {
     fn maps(&self) -> &'static [&'static str] {
         &[
             "RELATION_HIST",
+            "RELATION_REST_HIST",
             "RELATION_FDS",
             "RELATION_OPEN",
             "RELATION_PATH",
@@ -98,6 +106,7 @@ impl Family for RelationFamily {
         Setup {
             map_sizes: vec![
                 (HIST.map, size(hist_entries(config))),
+                (REST_HIST.map, size(REST_ENTRIES)),
                 ("RELATION_FDS", size(FD_SLOTS)),
                 ("RELATION_OPEN", size(OPEN_MAX)),
             ],
@@ -112,10 +121,16 @@ impl Family for RelationFamily {
             1
         };
         let hists = HistSource::<RelationKey>::take(ebpf, &HIST, entries)?;
+        let rest = HistSource::<RelationKey>::take(
+            ebpf,
+            &REST_HIST,
+            if config.relations { REST_ENTRIES } else { 1 },
+        )?;
         Ok(Taken {
             balanced: Some(hists.balanced()),
             source: Some(Box::new(RelationSource {
                 hists,
+                rest,
                 state: Arc::new(Mutex::new(RelationState::new(config.max_relations))),
                 fds: if config.relations {
                     Some(Mutex::new(take_map(ebpf, "RELATION_FDS")?))
@@ -187,6 +202,8 @@ impl Default for RelationState {
 
 pub struct RelationSource {
     hists: HistSource<RelationKey>,
+    /// `RELATION_REST_HIST`, read and folded with `hists`.
+    rest: HistSource<RelationKey>,
     state: Arc<Mutex<RelationState>>,
     /// `RELATION_FDS`, to name the files a process opened before pgio attached
     /// (`open_files`); `None` with `relations = false`.
@@ -196,14 +213,19 @@ pub struct RelationSource {
 
 impl Source for RelationSource {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
+        let mut hists = self.hists.reader.peek_or_empty(routes);
+        for (id, h) in self.rest.reader.peek_or_empty(routes) {
+            hists.entry(id).or_default().merge(&h);
+        }
         Box::new(RelationSnapshot {
-            hists: self.hists.reader.peek_or_empty(routes),
+            hists,
             state: self.state.clone(),
         })
     }
 
     fn fold(&self, routes: &Provisional) -> Result<()> {
-        self.hists.fold(routes)
+        self.hists.fold(routes)?;
+        self.rest.fold(routes)
     }
 
     /// Names the open files of PostgreSQL processes seen for the first time, then reads the

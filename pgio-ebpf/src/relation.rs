@@ -40,6 +40,12 @@ static RELATION_FDS: Array<FdSlot> = Array::with_max_entries(FD_SLOTS, 0);
 #[map]
 static RELATION_HIST: HashMap<RelationKey, Bucket> = HashMap::with_max_entries(16_384, 0);
 
+/// Each series' `(rest)`: IO `RELATION_HIST` had no room for (its owner's share, or full).
+/// Its own map, which only these keys (a few per series) fill: a flood of files cannot take
+/// its room, so the sum over a series' files stays its total.
+#[map]
+static RELATION_REST_HIST: HashMap<RelationKey, Bucket> = HashMap::with_max_entries(4_096, 0);
+
 /// The path being parsed and the parser's state (see `ParseState` on why not the stack).
 #[map]
 static RELATION_PATH: PerCpuArray<ParseScratch> = PerCpuArray::with_max_entries(1, 0);
@@ -140,10 +146,9 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
     if hist::try_add(&RELATION_HIST, Some(QUOTA), s.series, &key, d, bytes).is_ok() {
         return;
     }
-    // No room for the file's key: the series' `(rest)` (a few keys a series, so outside the
-    // share) keeps the sum over relations its total.
+    // No room for the file's key: the series' `(rest)`.
     key.file = RelFile::REST;
-    if let Err(reason) = hist::try_add(&RELATION_HIST, None, s.series, &key, d, bytes) {
+    if let Err(reason) = hist::try_add(&RELATION_REST_HIST, None, s.series, &key, d, bytes) {
         drops::count(reason);
     }
 }
