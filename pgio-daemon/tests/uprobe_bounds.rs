@@ -197,10 +197,15 @@ fn uprobes_are_capped_and_detached_when_their_binaries_are_gone() {
         "{} binaries still attached",
         after.sum(ATTACHED, &[])
     );
-    assert_eq!(
-        (after.sum(DETACHED, &[]) - before.sum(DETACHED, &[])) as usize,
-        attached + 2 - others,
-        "binaries detached (the real PostgreSQL's with them)"
+    // Each binary attached is detached. The real binary may have been attached and detached
+    // once more before: `initdb` runs it (`--boot`, `--single`) in the new data directory,
+    // which pgio can take for a postmaster for as long as it runs (CI: 18 for 17 once). The
+    // fds below show that nothing stays.
+    let detached_n = (after.sum(DETACHED, &[]) - before.sum(DETACHED, &[])) as usize;
+    assert!(
+        detached_n >= attached + 2 - others,
+        "binaries detached (the real PostgreSQL's with them): {detached_n}, want at least {}",
+        attached + 2 - others
     );
     assert!(
         fds_after <= fds_before + 4,

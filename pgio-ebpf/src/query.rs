@@ -59,20 +59,41 @@ fn row(series: SeriesId, wire: u8) -> Option<*mut QueryRow> {
     hist::row(&QUERY_HIST, &ZERO_ROW, QUOTA, series, &key)
 }
 
+/// One time into a histogram of a row every CPU adds to: its count of 0 ns, its log2 slots
+/// and its sum (`query_id`'s rows too).
+///
+/// SAFETY: the three point into one map value.
+#[inline(always)]
+pub(crate) unsafe fn observe_into(
+    zeros: *mut u64,
+    slots: *mut [u64; SLOTS],
+    sum: *mut u64,
+    ns: u64,
+) {
+    unsafe {
+        if ns == 0 {
+            atomic_add(zeros, 1);
+            return;
+        }
+        // The mask proves the index to the verifier; `slot` never exceeds SLOTS - 1.
+        let s = slot(ns) as usize & (SLOTS - 1);
+        atomic_add(&raw mut (*slots)[s], 1);
+        atomic_add(sum, ns);
+    }
+}
+
 /// One time into metric `m` of a row (`ROW_METRICS` order: duration, io, read miss).
 ///
 /// SAFETY: `r` points to a `QUERY_HIST` value.
 #[inline(always)]
 unsafe fn observe(r: *mut QueryRow, m: usize, ns: u64) {
     unsafe {
-        if ns == 0 {
-            atomic_add(&raw mut (*r).zeros[m], 1);
-            return;
-        }
-        // The mask proves the index to the verifier; `slot` never exceeds SLOTS - 1.
-        let s = slot(ns) as usize & (SLOTS - 1);
-        atomic_add(&raw mut (*r).slots[m][s], 1);
-        atomic_add(&raw mut (*r).sum_ns[m], ns);
+        observe_into(
+            &raw mut (*r).zeros[m],
+            &raw mut (*r).slots[m],
+            &raw mut (*r).sum_ns[m],
+            ns,
+        );
     }
 }
 

@@ -10,7 +10,6 @@ use aya_ebpf::{
 use pgio_common::{
     SeriesId,
     drops::DropReason,
-    hist::{SLOTS, slot},
     query::QueryState,
     query_id::{IdKind, IdSource, QUOTA, QueryIdKey, QueryIdRow},
 };
@@ -134,13 +133,12 @@ fn row(series: SeriesId, key: &mut QueryIdKey) -> Option<*mut QueryIdRow> {
 #[inline(always)]
 unsafe fn observe(r: *mut QueryIdRow, m: usize, ns: u64) {
     unsafe {
-        if ns == 0 {
-            atomic_add(&raw mut (*r).zeros[m], 1);
-            return;
-        }
-        let s = slot(ns) as usize & (SLOTS - 1);
-        atomic_add(&raw mut (*r).slots[m][s], 1);
-        atomic_add(&raw mut (*r).sum_ns[m], ns);
+        crate::query::observe_into(
+            &raw mut (*r).zeros[m],
+            &raw mut (*r).slots[m],
+            &raw mut (*r).sum_ns[m],
+            ns,
+        );
     }
 }
 
