@@ -71,14 +71,20 @@ pub fn my_be_entry_symbol(pid: u32) -> io::Result<u64> {
         .map(|s| s.address())
         .min()
         .ok_or_else(|| invalid(format!("/proc/{pid}/exe has no segment")))?;
-    let maps = procfs::process::Process::new(pid as i32)
-        .and_then(|p| p.maps())
+    let process = procfs::process::Process::new(pid as i32)
+        .map_err(|e| io::Error::other(format!("/proc/{pid}: {e}")))?;
+    let maps = process
+        .maps()
         .map_err(|e| io::Error::other(format!("/proc/{pid}/maps: {e}")))?;
+    // By device and inode; else by path: on overlayfs (containers) and 9p the maps name the
+    // underlying file's device and inode, not those a stat through the mount gives.
+    let path = process.exe().ok();
+    let by_path = |m: &procfs::process::MemoryMap| matches!((&m.pathname, &path), (procfs::process::MMapPath::Path(p), Some(e)) if p == e);
     let base = maps
         .iter()
-        .find(|m| {
-            m.offset == 0 && m.inode == ino && libc::makedev(m.dev.0 as u32, m.dev.1 as u32) == dev
-        })
+        .filter(|m| m.offset == 0)
+        .find(|m| m.inode == ino && libc::makedev(m.dev.0 as u32, m.dev.1 as u32) == dev)
+        .or_else(|| maps.iter().filter(|m| m.offset == 0).find(|m| by_path(m)))
         .map(|m| m.address.0)
         .ok_or_else(|| invalid(format!("/proc/{pid}/maps: the executable is not mapped")))?;
     // The mapping starts at the first segment's page.
