@@ -229,40 +229,6 @@ fn only_a_clusters_own_processes_are_classified() {
     );
 }
 
-/// A look between PostgreSQL's title write and the padding after it (seen in 5 of 6,600
-/// `pgbench -C` backends): the old arguments still follow the title, which can be cut
-/// anywhere. Classified as one was, it was `role="other"` for a millisecond, long enough to
-/// lose its connection's query.
-#[test]
-fn a_title_being_written_is_not_classified_yet() {
-    let c = Clusters::default();
-    let torn = |argv: &[&str]| {
-        let mut p = in_dir(5, &argv.join(" "), "/srv/a");
-        p.argv = argv.iter().map(|a| (*a).to_owned()).collect();
-        c.classify(&p).map(|l| (l.role, l.database))
-    };
-    let starting = Some((STARTING.to_owned(), String::new()));
-    assert_eq!(
-        torn(&[
-            "postgres: postgres shop [local] ",
-            "D",
-            "/srv/a",
-            "-p",
-            "5432"
-        ]),
-        starting
-    );
-    assert_eq!(
-        torn(&["postgres: postgres sql/15/bin/postgres", "-D", "/srv/a"]),
-        starting
-    );
-    assert_eq!(
-        torn(&["postgres: postgres shop [local] idle"]),
-        Some(("client backend".to_owned(), "shop".to_owned())),
-        "padded: one argument"
-    );
-}
-
 #[test]
 fn a_made_up_cluster_cannot_take_a_real_ones_label() {
     let c = Clusters::default();
@@ -425,3 +391,5 @@ fn not_postgres() {
     };
     assert!(Clusters::default().classify(&p).is_none());
 }
+
+mod torn_title;
