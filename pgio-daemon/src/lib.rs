@@ -7,6 +7,7 @@
 //! `classifier`) keeps the kernel's `tgid → series` map (`series`) current.
 use std::sync::{Mutex, MutexGuard};
 
+pub mod bench_switch;
 pub mod block_io;
 pub mod btf;
 pub mod check;

@@ -43,6 +43,9 @@ enum Command {
         /// Log level or tracing filter (error, warn, info, debug, trace).
         #[arg(long, env = "PGIO_LOG", default_value = "info")]
         log_level: String,
+        /// Benchmark fixture: detach and re-attach the programs on `off`/`on` lines on stdin.
+        #[arg(long, hide = true)]
+        bench_switch: bool,
     },
     /// Report BTF, tracefs, each tracepoint, privileges and the maps' kernel memory; exit 1
     /// naming what is missing.
@@ -60,6 +63,9 @@ enum Command {
         /// each do one piece of pgio's syscall timing.
         #[arg(long, value_enum, default_value = "tracepoint")]
         hooks: probes::FloorHooks,
+        /// Detach and re-attach the programs on `off`/`on` lines on stdin.
+        #[arg(long)]
+        bench_switch: bool,
     },
 }
 
@@ -75,7 +81,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Floor { hooks } => match run_floor(hooks) {
+        Command::Floor {
+            hooks,
+            bench_switch,
+        } => match run_floor(hooks, bench_switch) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("pgio-daemon floor: {e:#}");
@@ -87,6 +96,7 @@ fn main() -> ExitCode {
             config,
             web_config_file,
             log_level,
+            bench_switch,
         } => {
             let filter = tracing_subscriber::EnvFilter::try_new(&log_level)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -121,7 +131,7 @@ fn main() -> ExitCode {
             };
             // Everything that needs root happens on this one thread; capabilities are per
             // thread, so the runtime's and the other threads start only after the drop.
-            let started = match start(config, web, listen) {
+            let started = match start(config, web, listen, bench_switch) {
                 Ok(s) => s,
                 Err(e) => {
                     // Once, plainly: the log goes to stderr too.
@@ -178,16 +188,27 @@ fn run_check(possible_cpus: Option<u32>) -> ExitCode {
     }
 }
 
-fn run_floor(hooks: probes::FloorHooks) -> Result<()> {
+fn run_floor(hooks: probes::FloorHooks, bench_switch: bool) -> Result<()> {
     require_privileges()?;
     tracefs::ensure_mounted()?;
-    let ebpf = probes::load_floor(hooks)?;
+    let (ebpf, attachments) = probes::load_floor(hooks)?;
+    let ebpf = std::sync::Arc::new(std::sync::Mutex::new(ebpf));
+    // Held until the end: the links detach when dropped.
+    let _attachments = if bench_switch {
+        pgio_daemon::bench_switch::spawn(ebpf.clone(), attachments)?;
+        None
+    } else {
+        Some(attachments)
+    };
     println!("ready");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(shutdown_signal());
     // For `cargo xtask bench`: the programs' run time (kernel.bpf_stats_enabled) at exit.
+    let ebpf = ebpf
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the eBPF object's lock is poisoned"))?;
     for (name, p) in ebpf.programs() {
         if let Some(s) = p
             .fd()

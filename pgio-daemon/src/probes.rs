@@ -11,6 +11,7 @@ use pgio_common::{kernel_offsets::KernelOffsets, key_quota::OWNER_SLOTS};
 use tracing::{info, warn};
 
 use crate::{
+    bench_switch::{Attachments, Hook},
     btf::KernelBtf,
     config::Config,
     families::FAMILIES,
@@ -76,6 +77,8 @@ pub struct ProbeStatus {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
+    /// The programs attached now, for the benchmark's switch.
+    pub attachments: Attachments,
 }
 
 fn require_object() -> Result<()> {
@@ -128,7 +131,8 @@ pub const FLOOR_PARTS: [&str; 8] = [
 ];
 
 /// Benchmark floor: only the `hooks` programs are attached.
-pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
+pub fn load_floor(hooks: FloorHooks) -> Result<(Ebpf, Attachments)> {
+    let mut attachments = Attachments::default();
     require_object()?;
     let mut ebpf = load(
         &KernelOffsets::default(),
@@ -139,7 +143,12 @@ pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
         FloorHooks::Tracepoint => {
             for dir in ["enter", "exit"] {
                 let name = format!("floor_sys_{dir}_pread64");
-                attach_tracepoint(&mut ebpf, &name, &format!("sys_{dir}_pread64"))?;
+                attach_tracepoint(
+                    &mut ebpf,
+                    &mut attachments,
+                    &name,
+                    &format!("sys_{dir}_pread64"),
+                )?;
             }
         }
         FloorHooks::Pgio => {
@@ -152,19 +161,21 @@ pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
                 .filter(|p| p.is_on(&config) && p.fits(&offsets))
             {
                 if let Attach::TracePoint(category) = probe.attach {
-                    p.attach(category, &probe.program).with_context(|| {
-                        format!("attaching floor_tracepoint to {category}/{}", probe.program)
-                    })?;
+                    let hook = Hook::TracePoint {
+                        category: category.into(),
+                        name: probe.program.into_owned(),
+                    };
+                    attachments.attach(&mut ebpf, "floor_tracepoint", hook)?;
                 }
             }
             let btf = Btf::from_sys_fs().context("reading kernel BTF")?;
             let p: &mut BtfTracePoint = program(&mut ebpf, "floor_sched_switch")?.try_into()?;
             p.load("sched_switch", &btf)?;
-            p.attach()?;
+            attachments.attach(&mut ebpf, "floor_sched_switch", Hook::BtfTracePoint)?;
         }
         FloorHooks::Parts => {
             for name in FLOOR_PARTS {
-                attach_tracepoint(&mut ebpf, name, "sys_enter_pread64")?;
+                attach_tracepoint(&mut ebpf, &mut attachments, name, "sys_enter_pread64")?;
             }
         }
         FloorHooks::TpBtf => {
@@ -189,7 +200,7 @@ pub fn load_floor(hooks: FloorHooks) -> Result<Ebpf> {
             p.attach()?;
         }
     }
-    Ok(ebpf)
+    Ok((ebpf, attachments))
 }
 
 /// The kernel function behind syscall `name` on this architecture.
@@ -207,12 +218,19 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::
         .with_context(|| format!("program {name} missing from the eBPF object"))
 }
 
-fn attach_tracepoint(ebpf: &mut Ebpf, name: &str, tracepoint: &str) -> Result<()> {
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    attachments: &mut Attachments,
+    name: &str,
+    tracepoint: &str,
+) -> Result<()> {
     let p: &mut TracePoint = program(ebpf, name)?.try_into()?;
     p.load()?;
-    p.attach("syscalls", tracepoint)
-        .with_context(|| format!("attaching {name} to syscalls/{tracepoint}"))?;
-    Ok(())
+    let hook = Hook::TracePoint {
+        category: "syscalls".into(),
+        name: tracepoint.into(),
+    };
+    attachments.attach(ebpf, name, hook)
 }
 
 /// Creates the maps and reads the programs (each program is loaded into the kernel when it
@@ -274,6 +292,7 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
     // aya's loader wants its own parse of the same BTF.
     let aya_btf = Btf::from_sys_fs().context("reading kernel BTF")?;
     let mut status: Vec<ProbeStatus> = Vec::new();
+    let mut attachments = Attachments::default();
     for probe in table()
         .into_iter()
         .filter(|p| p.is_on(config) && p.fits(&offsets))
@@ -285,7 +304,7 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
             Some(needed) => Err(anyhow::anyhow!(
                 "{needed}, which this program needs, is not attached"
             )),
-            None => attach_one(&mut ebpf, &aya_btf, &probe, &offsets),
+            None => attach_one(&mut ebpf, &mut attachments, &aya_btf, &probe, &offsets),
         };
         let program = probe.program.into_owned();
         match &result {
@@ -297,7 +316,11 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
             attached: result.is_ok(),
         });
     }
-    Ok(Probes { ebpf, status })
+    Ok(Probes {
+        ebpf,
+        status,
+        attachments,
+    })
 }
 
 /// A program of the object that no row names: `block_bio_queue`'s twin.
@@ -313,7 +336,13 @@ fn object_program<'a>(name: &'a str, offsets: &KernelOffsets) -> &'a str {
     }
 }
 
-fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe, offsets: &KernelOffsets) -> Result<()> {
+fn attach_one(
+    ebpf: &mut Ebpf,
+    attachments: &mut Attachments,
+    btf: &Btf,
+    probe: &Probe,
+    offsets: &KernelOffsets,
+) -> Result<()> {
     let name = &*probe.program;
     let object_name = object_program(name, offsets);
     let prog = ebpf
@@ -324,8 +353,7 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe, offsets: &KernelOffsets
             let p: &mut BtfTracePoint = prog.try_into()?;
             p.load(name, btf)
                 .with_context(|| format!("loading tp_btf/{name}"))?;
-            p.attach()
-                .with_context(|| format!("attaching tp_btf/{name}"))?;
+            attachments.attach(ebpf, object_name, Hook::BtfTracePoint)?;
         }
         Attach::URetProbeLater { .. } | Attach::UProbeLater { .. } => {
             let p: &mut UProbe = prog.try_into()?;
@@ -335,8 +363,11 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, probe: &Probe, offsets: &KernelOffsets
             let p: &mut TracePoint = prog.try_into()?;
             p.load()
                 .with_context(|| format!("loading tracepoint/{category}/{name}"))?;
-            p.attach(category, name)
-                .with_context(|| format!("attaching tracepoint/{category}/{name}"))?;
+            let hook = Hook::TracePoint {
+                category: category.into(),
+                name: name.into(),
+            };
+            attachments.attach(ebpf, object_name, hook)?;
         }
     }
     Ok(())

@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result, anyhow};
 use tracing::{error, info, warn};
 
 use crate::{
+    bench_switch::{self, Attachments},
     check,
     classifier::Classifier,
     collector::Collector,
@@ -74,6 +75,10 @@ pub struct Started {
     health: Arc<Health>,
     http_stats: Arc<HttpStats>,
     web: WebConfig,
+    /// The links of the programs attached at start: dropped, they detach.
+    attachments: Attachments,
+    /// Serve the benchmark's switch (`--bench-switch`) on them.
+    bench_switch: bool,
     /// Keeps `kernel.bpf_stats_enabled` on while pgio runs.
     _bpf_stats: Option<std::os::fd::OwnedFd>,
 }
@@ -102,10 +107,13 @@ fn bind(listen: std::net::SocketAddr) -> Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
+/// Loads and attaches everything and binds `listen`; with `bench_switch` the benchmark's
+/// switch will serve on stdin (see `bench_switch`).
 pub fn start(
     config: Config,
     web: WebConfig,
     listen: Option<std::net::SocketAddr>,
+    bench_switch: bool,
 ) -> Result<Started> {
     require_privileges()?;
     let listen = listen.unwrap_or(config.listen);
@@ -137,7 +145,11 @@ pub fn start(
     };
     // Before anything is created: maps that cannot fit the memory cgroup fail here, named.
     info!("{}", map_memory::require_fits(&config)?);
-    let probes::Probes { mut ebpf, status } = probes::load_and_attach(&config)?;
+    let probes::Probes {
+        mut ebpf,
+        status,
+        attachments,
+    } = probes::load_and_attach(&config)?;
     let map_memory = MapMemory::measure(&ebpf);
     info!(
         maps = map_memory.maps.len(),
@@ -227,6 +239,8 @@ pub fn start(
         health,
         http_stats,
         web,
+        attachments,
+        bench_switch,
         _bpf_stats: bpf_stats,
     })
 }
@@ -243,8 +257,17 @@ pub async fn serve(started: Started) -> Result<()> {
         health,
         http_stats,
         web,
+        attachments,
+        bench_switch,
         _bpf_stats,
     } = started;
+    // Held until the end: the links detach when dropped.
+    let attachments = if bench_switch {
+        bench_switch::spawn(ebpf.clone(), attachments)?;
+        None
+    } else {
+        Some(attachments)
+    };
     let listener = tokio::net::TcpListener::from_std(listener).context("listening socket")?;
     let passes = collector.clone();
     std::thread::Builder::new()
@@ -300,6 +323,7 @@ pub async fn serve(started: Started) -> Result<()> {
             r.context("the discovery thread panicked")?.context("discovery")?;
         }
     }
+    drop(attachments);
     drop(ebpf);
     info!("probes detached, exiting");
     Ok(())

@@ -5,7 +5,7 @@
 use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -30,6 +30,27 @@ impl Daemon {
     /// `start`, the daemon in the cgroup (v1 or v2 directory) `cgroup` from its first
     /// instruction: it moves itself there, then execs the daemon (the same pid).
     pub fn start_in_cgroup(bin: &Path, config_toml: &str, cgroup: Option<&Path>) -> Result<Daemon> {
+        Daemon::spawn(bin, config_toml, cgroup, false)
+    }
+
+    /// `start` with the benchmark's switch (`--bench-switch`): write `on`/`off` lines to the
+    /// returned stdin, read the daemon's answers from its stdout.
+    pub fn start_switched(
+        bin: &Path,
+        config_toml: &str,
+    ) -> Result<(Daemon, ChildStdin, ChildStdout)> {
+        let mut d = Daemon::spawn(bin, config_toml, None, true)?;
+        let stdin = d.child.stdin.take().context("the daemon's stdin")?;
+        let stdout = d.child.stdout.take().context("the daemon's stdout")?;
+        Ok((d, stdin, stdout))
+    }
+
+    fn spawn(
+        bin: &Path,
+        config_toml: &str,
+        cgroup: Option<&Path>,
+        switched: bool,
+    ) -> Result<Daemon> {
         let dir = temp_dir()?;
         let config_path = dir.path().join("pgio.toml");
         std::fs::write(&config_path, config_toml)?;
@@ -47,10 +68,16 @@ impl Daemon {
             }
             None => Command::new(bin),
         };
+        cmd.args(["run", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&config_path);
+        if switched {
+            cmd.arg("--bench-switch")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped());
+        } else {
+            cmd.stdout(Stdio::null());
+        }
         let child = cmd
-            .args(["run", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&config_path)
-            .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;

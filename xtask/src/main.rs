@@ -83,6 +83,12 @@ enum Cmd {
         /// with bootstrap intervals); BENCHMARKS.md untouched.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only"])]
         pgbench_only: bool,
+        /// Interleaved rounds of the pgbench runs of seconds (0: only the switched run).
+        #[arg(long, default_value_t = 8)]
+        pgbench_rounds: usize,
+        /// Seconds of the switched pgbench run (configurations alternated every 100 ms).
+        #[arg(long, default_value_t = 600)]
+        switched_secs: u32,
     },
     /// Setup, build pgio-daemon (release) and, as root, soak it: PostgreSQL under `pgbench -C`
     /// churn plus every hostile input at once; RSS, fds, series and dropped events sampled
@@ -226,6 +232,8 @@ fn real_main() -> Result<()> {
             programs_only,
             block_only,
             pgbench_only,
+            pgbench_rounds,
+            switched_secs,
         } => {
             if !setup.skip_setup {
                 commands::setup()?;
@@ -238,7 +246,16 @@ fn real_main() -> Result<()> {
             let o = if quick {
                 bench::BenchOptions::quick()
             } else {
-                bench::BenchOptions::full(per_call_only, programs_only, block_only, pgbench_only)
+                bench::BenchOptions {
+                    pairs: pgbench_rounds,
+                    switched_secs,
+                    ..bench::BenchOptions::full(
+                        per_call_only,
+                        programs_only,
+                        block_only,
+                        pgbench_only,
+                    )
+                }
             };
             bench::bench(&root, &o)
         }
