@@ -1,11 +1,12 @@
 //! The benchmark's switch (`--bench-switch`, hidden): detaches and re-attaches the programs
-//! attached at start on request, so that `cargo xtask bench` can alternate with and without
-//! them every few tens of milliseconds within one `pgbench` run. This VM's speed wanders by
+//! attached at start on request, so that `cargo xtask bench` can compare 100 ms slices with and
+//! without them next to each other within one `pgbench` run. This VM's speed wanders by
 //! ±10 % from one second to the next, independently on each CPU; only alternation faster than
 //! that wander resolves a 1 % effect (BENCHMARKS.md §2). The maps, the daemon and its
-//! per-binary uprobes stay: only the programs' hooks come and go. A tracepoint's link takes
-//! ~60 ms to close here (the kernel waits for an RCU grace period before it returns), so the
-//! links close in parallel threads, whose waits overlap.
+//! per-binary uprobes stay: only the programs' hooks come and go. Attaching them all takes a
+//! few ms; a tracepoint's link takes ~60 ms to close here (the kernel waits for an RCU grace
+//! period, one tracepoint at a time), so the links close in parallel threads, which halves it
+//! to ~1 s for pgio's.
 //!
 //! Protocol: a line `off` or `on` on stdin; once done, the same word on stdout (or
 //! `error <what>`).

@@ -77,7 +77,8 @@ pub struct ProbeStatus {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub status: Vec<ProbeStatus>,
-    /// The programs attached now, for the benchmark's switch.
+    /// The links of the programs attached now: dropped, they detach (kept apart from the
+    /// programs for the benchmark's switch).
     pub attachments: Attachments,
 }
 

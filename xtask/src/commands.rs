@@ -158,7 +158,7 @@ pub fn check(root: &Path, skip_setup: bool) -> Result<()> {
     exec_privileged(root, &bin, &["check".to_owned()])
 }
 
-/// The guest tests `cargo xtask test` runs on Debian's 6.1 (~3 min under TCG on 2 cores).
+/// The guest tests `cargo xtask test` runs on Debian's 6.1 (~7 min under TCG on 2 cores).
 const CI_GUEST_TESTS: &[&str] = &[
     "block_io",
     "big_node",
@@ -166,6 +166,7 @@ const CI_GUEST_TESTS: &[&str] = &[
     "futex",
     "postgres",
     "query_protocols:pg15_",
+    "query_id:pg15_",
 ];
 
 pub fn test(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
