@@ -323,9 +323,10 @@ pub async fn serve(started: Started) -> Result<()> {
             r.context("the discovery thread panicked")?.context("discovery")?;
         }
     }
+    info!("HTTP server done; detaching the probes, exiting");
+    // Closing a syscall tracepoint's link waits for a grace period: ~60 ms each on some hosts.
     drop(attachments);
     drop(ebpf);
-    info!("probes detached, exiting");
     Ok(())
 }
 

@@ -185,7 +185,7 @@ fn slow_clients_are_cut_and_bounded() {
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
     // Logged once the HTTP server has returned (tearing the probes down comes after).
     let served = wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
-        daemon.0.log_text().contains("probes detached")
+        daemon.0.log_text().contains("HTTP server done")
     });
     let took = t.elapsed();
     let log = daemon.0.log_text();
