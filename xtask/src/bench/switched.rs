@@ -105,8 +105,8 @@ fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Runs `pgbench -S -c 2 -j 2` for about `secs` with the configurations of `STATES` in turn
-/// every `slice`.
+/// Runs `pgbench -S -c 2 -j 2` for about `secs` in pairs of `slice`s: without programs, then
+/// with pgio's (three pairs in four) or the floor's.
 pub(super) fn run(bins: &Bins, pg: &PgCluster, secs: u32, slice: Duration) -> Result<Switched> {
     let log_dir = temp_dir()?;
     // pgbench runs as the cluster's OS user.
