@@ -1038,29 +1038,31 @@ fn ratio_with_interval(a: &[f64], b: &[f64]) -> (f64, f64, f64) {
     if ratios.len() < 2 {
         return (point, point, point);
     }
-    let mut next = xorshift();
-    let mut medians: Vec<f64> = (0..10_000)
-        .map(|_| {
-            let mut sample: Vec<f64> = (0..ratios.len())
-                .map(|_| ratios[(next() % ratios.len() as u64) as usize])
-                .collect();
-            median(&mut sample)
-        })
-        .collect();
-    medians.sort_by(|x, y| x.total_cmp(y));
-    let at = |q: f64| medians[((medians.len() - 1) as f64 * q).round() as usize];
-    (point, at(0.025), at(0.975))
+    let (lo, hi) = bootstrap_interval(ratios.len(), 10_000, |pick| {
+        median(&mut pick.iter().map(|&i| ratios[i]).collect::<Vec<_>>())
+    });
+    (point, lo, hi)
 }
 
-/// xorshift64* with a fixed seed: enough to resample rounds evenly, and a report can be rerun.
-fn xorshift() -> impl FnMut() -> u64 {
+/// The 95 % percentile-bootstrap interval of `stat` over `n` items: `resamples` draws of `n`
+/// indices with replacement (xorshift64*, a fixed seed, so a report can be rerun).
+fn bootstrap_interval(n: usize, resamples: usize, stat: impl Fn(&[usize]) -> f64) -> (f64, f64) {
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    move || {
+    let mut next = move || {
         state ^= state >> 12;
         state ^= state << 25;
         state ^= state >> 27;
         state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
+    };
+    let mut values: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let pick: Vec<usize> = (0..n).map(|_| (next() % n as u64) as usize).collect();
+            stat(&pick)
+        })
+        .collect();
+    values.sort_by(|x, y| x.total_cmp(y));
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.025), at(0.975))
 }
 
 /// `cargo bench` of pgio-daemon's criterion benches; mean ns of each from criterion's JSON.

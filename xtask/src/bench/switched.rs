@@ -304,16 +304,10 @@ impl Switched {
         if n < 2 {
             return (point, point, point, n);
         }
-        let mut next = super::xorshift();
-        let mut resampled: Vec<f64> = (0..2_000)
-            .map(|_| {
-                let pick: Vec<usize> = (0..n).map(|_| own[(next() % n as u64) as usize]).collect();
-                self.pooled(&pick)
-            })
-            .collect();
-        resampled.sort_by(|x, y| x.total_cmp(y));
-        let at = |q: f64| resampled[((resampled.len() - 1) as f64 * q).round() as usize];
-        (point, at(0.025), at(0.975), n)
+        let (lo, hi) = super::bootstrap_interval(n, 2_000, |pick| {
+            self.pooled(&pick.iter().map(|&i| own[i]).collect::<Vec<_>>())
+        });
+        (point, lo, hi, n)
     }
 }
 
