@@ -16,9 +16,9 @@
 pub const QUOTA: crate::key_quota::QuotaMap = crate::key_quota::QuotaMap(3);
 
 /// Slots of `RELATION_FDS`, the direct-mapped `(tgid, fd) → file` array that a tracked
-/// process' `openat` fills: 24 B each, 384 KiB. Two open files whose `(tgid, fd)` land on one
-/// slot: the later open takes it, and the earlier file's IO counts as `(other)` until it is
-/// opened again.
+/// process' `openat` fills, and that counts the calls on that fd (`FdSlot`): 584 B each,
+/// 9.1 MiB. Two open files whose `(tgid, fd)` land on one slot: the later open takes it, and
+/// the earlier file's IO counts as `(other)` until it is opened again.
 pub const FD_SLOTS: u32 = 16_384;
 
 /// `openat` calls of tracked threads in flight at once (`RELATION_OPEN`, an LRU).
@@ -28,17 +28,83 @@ pub const OPEN_MAX: u32 = 4_096;
 /// syscall without one.
 pub const FD_UNKNOWN: u16 = u16::MAX;
 
-/// One `RELATION_FDS` slot: the file `tgid`'s `fd` names, from its last `openat`.
+/// Log2 slots an `FdRow` keeps: `ROW_FIRST_SLOT..ROW_FIRST_SLOT + ROW_SLOTS` of
+/// `crate::hist::slot`, i.e. (32 ns, 68.7 s]; a call outside counts in the first or last.
+/// The exported `le` buckets (1 µs .. 17.2 s) are all inside, so nothing they show changes.
+pub const ROW_SLOTS: usize = 32;
+pub const ROW_FIRST_SLOT: u8 = 6;
+
+/// The row slot of log2 slot `slot`.
+#[inline(always)]
+pub const fn row_slot(slot: u8) -> usize {
+    let s = if slot < ROW_FIRST_SLOT {
+        0
+    } else {
+        (slot - ROW_FIRST_SLOT) as usize
+    };
+    if s >= ROW_SLOTS { ROW_SLOTS - 1 } else { s }
+}
+
+/// The log2 slot row slot `i` stands for.
+pub const fn slot_of_row(i: usize) -> u8 {
+    ROW_FIRST_SLOT + i as u8
+}
+
+/// One histogram counted in an fd's slot: the calls of one (series, syscall, cache) triple on
+/// it (`crate::syscall::RowTag`). `tag` is written last when the kernel claims the row and
+/// cleared first when it folds it away, so a reader sees a whole row or none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FdRow {
+    /// `RowTag::encode` of its triple; 0: free.
+    pub tag: u64,
+    pub sum: u64,
+    pub bytes: u64,
+    pub slots: [u64; ROW_SLOTS],
+}
+
+impl Default for FdRow {
+    fn default() -> Self {
+        FdRow {
+            tag: 0,
+            sum: 0,
+            bytes: 0,
+            slots: [0; ROW_SLOTS],
+        }
+    }
+}
+
+/// The rows of one slot: a read's cache outcome picks one (hits and writes share the first,
+/// misses have the second), so a backend's cached and uncached reads of a table both count
+/// here. A call whose row another triple holds goes to `RELATION_HIST`.
+pub const FD_ROWS: usize = 2;
+
+#[inline(always)]
+pub const fn fd_row_of(cache: u8) -> usize {
+    (cache == crate::syscall::Cache::Miss as u8) as usize
+}
+
+/// One `RELATION_FDS` slot: the file `tgid`'s `fd` names, from its last `openat`, and the
+/// calls on it. An `openat` that takes a slot whose rows hold live counts folds them into
+/// `RELATION_HIST` first (`RELATION_FOLDS` tells a reader it happened).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FdSlot {
     /// [`fd_tag`] of its `(tgid, fd)`; 0: free.
     pub tag: u64,
     pub file: RelFile,
+    pub rows: [FdRow; FD_ROWS],
 }
 
-crate::abi_size!(FdSlot, 24, 8);
-crate::abi_pod!(FdSlot);
+crate::abi_size!(FdRow, 24 + 8 * ROW_SLOTS, 8);
+crate::abi_size!(FdSlot, 24 + 2 * (24 + 8 * ROW_SLOTS), 8);
+crate::abi_pod!(FdSlot, FdRow);
+
+/// `RELATION_FOLDS` entries: folds started and finished. A reader that saw both equal
+/// before reading the maps, and `FOLDS_STARTED` unchanged after, read no count twice and
+/// missed none (a fold moves a row's counts from the slot into the hash map).
+pub const FOLDS_STARTED: u32 = 0;
+pub const FOLDS_FINISHED: u32 = 1;
 
 /// Never 0: fd is below 2^16 and one is added.
 #[inline(always)]
@@ -380,6 +446,19 @@ mod tests {
 
     const fn rel(tablespace: u32, db: u32, relfilenode: u32, fork: Fork) -> RelFile {
         RelFile::relation(tablespace, db, relfilenode, fork)
+    }
+
+    #[test]
+    fn row_slots_cover_the_exported_buckets() {
+        assert_eq!(row_slot(0), 0);
+        assert_eq!(row_slot(ROW_FIRST_SLOT), 0);
+        assert_eq!(row_slot(ROW_FIRST_SLOT + 5), 5);
+        assert_eq!(row_slot(63), ROW_SLOTS - 1);
+        for s in ROW_FIRST_SLOT..ROW_FIRST_SLOT + ROW_SLOTS as u8 {
+            assert_eq!(slot_of_row(row_slot(s)), s);
+        }
+        // 1 µs (slot 10) .. 17.2 s (slot 34), and the slot past it (+Inf), are kept apart.
+        assert!(slot_of_row(0) < 10 && slot_of_row(ROW_SLOTS - 1) > 35);
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub struct Provisional {
     /// Retired series (see `series`): the next map read deletes their keys, then they are
     /// freed. Not provisional, but routed the same way: by the reader, at a map read.
     pub retired: BTreeSet<SeriesId>,
+    /// Each series id's generation, moved on when the id is freed: the kernel's dense rows
+    /// (`syscall`'s, `relation`'s fd slots) are tagged with it, so a row of a freed id is
+    /// stale, never counted under the labels the id is given next (`SYSCALL_ROW_GEN` holds
+    /// the kernel's copy).
+    generations: Vec<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -129,6 +134,26 @@ impl Provisional {
             // rarely, a request completing after the entry expired: not ours to move yet.
             None => Route::Pending,
         }
+    }
+
+    /// The generation series id `series` has now.
+    pub fn generation(&self, series: SeriesId) -> u32 {
+        self.generations
+            .get(series.0 as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// `series` is freed: its rows go stale (the kernel's copy was moved on by the map pass).
+    pub fn next_generation(&mut self, series: SeriesId) {
+        let i = series.0 as usize;
+        if series.0 >= pgio_common::CHILD_SERIES_MAX {
+            return; // provisional ids have no rows
+        }
+        if self.generations.len() <= i {
+            self.generations.resize(i + 1, 0);
+        }
+        self.generations[i] = self.generations[i].wrapping_add(1);
     }
 
     /// Series in use by provisional processes (their fallback and target).

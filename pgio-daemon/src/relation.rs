@@ -8,6 +8,7 @@
 pub mod book;
 pub mod names;
 pub mod open_files;
+pub mod slots;
 pub mod snapshot;
 pub mod top;
 
@@ -18,14 +19,11 @@ use std::{
 };
 
 use anyhow::Result;
-use aya::{
-    Ebpf,
-    maps::{Array, MapData},
-};
+use aya::Ebpf;
 use pgio_common::{
     SeriesId,
     hist::Bucket,
-    relation::{FD_SLOTS, FdSlot, OPEN_MAX, QUOTA, RelFile, RelationKey},
+    relation::{FD_SLOTS, OPEN_MAX, QUOTA, RelFile, RelationKey},
     syscall::{Cache, Syscall},
 };
 
@@ -36,11 +34,11 @@ use crate::{
     family::{Attach, Family, Probe, Setup, Taken},
     hist::{HistId, HistKey, HistMapSpec, HistSource, Hists, add_slot},
     lock,
-    maps::take_map,
     provisional::Provisional,
     series::SharedTracked,
 };
 use book::NameBook;
+use slots::Slots;
 pub use snapshot::{
     RELATION_CATALOG_ERRORS, RELATION_IO_BYTES, RELATION_IO_SECONDS, RELATION_REST,
     RelationSnapshot,
@@ -85,6 +83,7 @@ impl Family for RelationFamily {
             "RELATION_HIST",
             "RELATION_REST_HIST",
             "RELATION_FDS",
+            "RELATION_FOLDS",
             "RELATION_OPEN",
             "RELATION_PATH",
         ]
@@ -132,8 +131,8 @@ impl Family for RelationFamily {
                 hists,
                 rest,
                 state: Arc::new(Mutex::new(RelationState::new(config.max_relations))),
-                fds: if config.relations {
-                    Some(Mutex::new(take_map(ebpf, "RELATION_FDS")?))
+                slots: if config.relations {
+                    Some(Mutex::new(Slots::take(ebpf)?))
                 } else {
                     None
                 },
@@ -205,18 +204,26 @@ pub struct RelationSource {
     /// `RELATION_REST_HIST`, read and folded with `hists`.
     rest: HistSource<RelationKey>,
     state: Arc<Mutex<RelationState>>,
-    /// `RELATION_FDS`, to name the files a process opened before pgio attached
-    /// (`open_files`); `None` with `relations = false`.
-    fds: Option<Mutex<Array<MapData, FdSlot>>>,
+    /// `RELATION_FDS`: the rows counted in the fd slots, read with the hash maps; and the
+    /// slots of the files a process opened before pgio attached (`open_files`). `None` with
+    /// `relations = false`.
+    slots: Option<Mutex<Slots>>,
     seeded: Mutex<open_files::Seeded>,
 }
 
 impl Source for RelationSource {
     fn read(&self, routes: &Provisional) -> Box<dyn Snapshot> {
-        let mut hists = self.hists.reader.peek_or_empty(routes);
-        for (id, h) in self.rest.reader.peek_or_empty(routes) {
-            hists.entry(id).or_default().merge(&h);
-        }
+        let read_maps = || {
+            let mut hists = self.hists.reader.peek_or_empty(routes);
+            for (id, h) in self.rest.reader.peek_or_empty(routes) {
+                hists.entry(id).or_default().merge(&h);
+            }
+            hists
+        };
+        let hists = match &self.slots {
+            Some(slots) => lock(slots).read_with(routes, read_maps),
+            None => read_maps(),
+        };
         Box::new(RelationSnapshot {
             hists,
             state: self.state.clone(),
@@ -231,24 +238,31 @@ impl Source for RelationSource {
     /// Names the open files of PostgreSQL processes seen for the first time, then reads the
     /// catalogs of the clusters due, outside the lock (a scrape never waits for it).
     fn housekeep(&self, tracked: &SharedTracked) {
-        if let Some(fds) = &self.fds {
-            let live: HashSet<u32> = {
+        if let Some(slots) = &self.slots {
+            let (live, routes) = {
                 let t = lock(tracked);
-                t.pids
+                let live: HashSet<u32> = t
+                    .pids
                     .iter()
                     .filter(|(_, s)| {
                         let l = t.registry.exported(**s);
                         l.app == "postgres" && !l.cluster.is_empty()
                     })
                     .map(|(pid, _)| *pid)
-                    .collect()
+                    .collect();
+                (live, t.provisional.clone())
             };
             let new = lock(&self.seeded).new_ones(&live);
             if !new.is_empty() {
-                let mut fds = lock(fds);
+                let mut slots = lock(slots);
                 for pid in new {
-                    // A process gone meanwhile has nothing to name.
-                    let _ = open_files::seed(&mut fds, pid);
+                    // A slot taken from another fd keeps its counts: booked as the kernel's
+                    // fold would. A process gone meanwhile has nothing to name.
+                    let _ = open_files::seed(&mut slots.fds, pid, |slot| {
+                        for (key, b) in slots::row_keys(slot, |s| routes.generation(s)) {
+                            self.hists.reader.book(key, b);
+                        }
+                    });
                 }
             }
         }

@@ -312,6 +312,7 @@ impl Tracked {
         }
         for id in retired {
             self.owners.release(*id);
+            self.provisional.next_generation(*id);
         }
         self.registry.free(retired.iter().copied());
         self.provisional.retired.retain(|id| !retired.contains(id));

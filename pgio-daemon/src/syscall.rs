@@ -156,7 +156,6 @@ impl Syscalls {
                 in_use: rows,
                 rows: take_map(ebpf, ROWS_MAP)?,
                 generation: take_map(ebpf, ROW_GEN_MAP)?,
-                generations: Vec::new(),
             }),
         })
     }
@@ -169,24 +168,16 @@ impl Syscalls {
 }
 
 /// The kernel's dense rows (`SYSCALL_ROWS_MAP`) and the generation of each series id
-/// (`SYSCALL_ROW_GEN`), which only this reader writes.
+/// (`SYSCALL_ROW_GEN`, the kernel's copy of `Provisional::generation`), which only this
+/// reader writes.
 struct Rows {
     /// Rows the kernel counts in (0: none).
     in_use: u32,
     rows: PerCpuArray<MapData, SyscallRow>,
     generation: Array<MapData, u32>,
-    /// Mirror of `SYSCALL_ROW_GEN`, by series id.
-    generations: Vec<u32>,
 }
 
 impl Rows {
-    fn generation(&self, series: SeriesId) -> u32 {
-        self.generations
-            .get(series.0 as usize)
-            .copied()
-            .unwrap_or(0)
-    }
-
     /// Adds each CPU's rows of live series to `out`.
     fn read(&self, routes: &Provisional, out: &mut Hists<SyscallId>) -> Result<()> {
         for i in 0..self.in_use {
@@ -195,7 +186,8 @@ impl Rows {
                 let Some(t) = RowTag::decode(row.tag) else {
                     continue;
                 };
-                if t.generation != self.generation(t.series) || routes.route(t.series) != Route::Own
+                if t.generation != routes.generation(t.series)
+                    || routes.route(t.series) != Route::Own
                 {
                     continue;
                 }
@@ -227,22 +219,16 @@ impl Rows {
         Ok(())
     }
 
-    /// Moves the generation of the series retired at this pass on, before their ids are given
-    /// out again: their rows go stale (moving it twice for one retirement is harmless).
+    /// Moves the kernel's generation of the series retired at this pass on, before their
+    /// ids are given out again (`Tracked::free_retired` moves `routes`' copy after the pass):
+    /// their rows go stale. Setting it twice for one retirement is harmless.
     fn retire(&mut self, routes: &Provisional) {
         for series in &routes.retired {
-            let i = series.0 as usize;
-            if self.generations.len() <= i {
-                self.generations.resize(i + 1, 0);
-            }
-            let next = self.generations[i].wrapping_add(1);
-            match self.generation.set(series.0, next, 0) {
-                Ok(()) => self.generations[i] = next,
-                // The id stays below the map's size (the config caps max_series); were it
-                // not, its rows would be counted under its next labels.
-                Err(e) => {
-                    warn!(series = series.0, error = %e, "moving a series' row generation on")
-                }
+            let next = routes.generation(*series).wrapping_add(1);
+            // The id stays below the map's size (the config caps max_series); were it not,
+            // its rows would be counted under its next labels.
+            if let Err(e) = self.generation.set(series.0, next, 0) {
+                warn!(series = series.0, error = %e, "moving a series' row generation on")
             }
         }
     }

@@ -5,7 +5,8 @@
 //! holds at most its size, and every key it could not take is counted
 //! (`pgio_hist_map_refused_total{map="relation"}`) and its IO booked under the series'
 //! `(rest)` (a map of its own, which the flood cannot fill): the reads booked on relations
-//! add up to exactly the backend's `pread64` calls.
+//! add up to exactly the backend's `pread64` calls, and, scraped every 50 ms while the
+//! session's reused fds move counts out of the kernel's fd slots, never step back.
 mod common;
 
 use std::time::{Duration, Instant};
@@ -56,14 +57,41 @@ fn ten_thousand_tables_stay_within_the_caps() {
     let cluster = pgdata.to_string_lossy().into_owned();
     let before = daemon.scrape();
     let t = Instant::now();
-    q(
-        &pg,
-        &format!(
-            "do $$ declare n bigint; begin for i in 1..{TABLES} loop \
-             execute format('select count(*) from t_%s', i) into n; end loop; end $$"
-        ),
+    // Scraped all along: the session's 10,000 opens reuse its fds (max_files_per_process
+    // closes the least recently used), and each open on a slot with counts moves them from
+    // the slot into the relation map; no scrape may see them twice or not at all, which would
+    // show as the backend's relation reads stepping back.
+    let (steps_back, scrapes) = std::thread::scope(|scope| {
+        let reading = scope.spawn(|| {
+            q(
+                &pg,
+                &format!(
+                    "do $$ declare n bigint; begin for i in 1..{TABLES} loop \
+                     execute format('select count(*) from t_%s', i) into n; end loop; end $$"
+                ),
+            )
+        });
+        let (mut steps_back, mut scrapes, mut last) = (Vec::new(), 0, 0.0);
+        while !reading.is_finished() {
+            let now = backend_relation_reads(&daemon.scrape(), &cluster);
+            if now < last {
+                steps_back.push((last, now));
+            }
+            last = now;
+            scrapes += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        reading.join().expect("the reading session");
+        (steps_back, scrapes)
+    });
+    eprintln!(
+        "{TABLES} tables read in {:?}, {scrapes} scrapes meanwhile",
+        t.elapsed()
     );
-    eprintln!("{TABLES} tables read in {:?}", t.elapsed());
+    assert!(
+        steps_back.is_empty(),
+        "the backend's relation reads stepped back between scrapes (before, after): {steps_back:?}"
+    );
     // Names and places settle within a few passes; IO on files not looked up yet is held
     // back until they are (a few seconds).
     let syscall_reads = |m: &Metrics| {
@@ -76,16 +104,7 @@ fn ten_thousand_tables_stay_within_the_caps() {
             ],
         )
     };
-    let backend_reads = |m: &Metrics| -> f64 {
-        m.samples(FAMILY)
-            .filter(|s| {
-                s.labels.get("cluster") == Some(&cluster)
-                    && s.labels.get("role").map(String::as_str) == Some("client backend")
-                    && s.labels.get("syscall").map(String::as_str) == Some("pread64")
-            })
-            .map(|s| s.value)
-            .sum()
-    };
+    let backend_reads = |m: &Metrics| backend_relation_reads(m, &cluster);
     let mut after = daemon.scrape();
     wait_until(Duration::from_secs(30), Duration::from_millis(500), || {
         after = daemon.scrape();
@@ -155,4 +174,16 @@ fn ten_thousand_tables_stay_within_the_caps() {
     );
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
+}
+
+/// The client backends' `pread64` calls booked on relations (any relation, `(rest)` too).
+fn backend_relation_reads(m: &Metrics, cluster: &str) -> f64 {
+    m.samples(FAMILY)
+        .filter(|s| {
+            s.labels.get("cluster").map(String::as_str) == Some(cluster)
+                && s.labels.get("role").map(String::as_str) == Some("client backend")
+                && s.labels.get("syscall").map(String::as_str) == Some("pread64")
+        })
+        .map(|s| s.value)
+        .sum()
 }

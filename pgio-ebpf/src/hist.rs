@@ -10,13 +10,13 @@ use pgio_common::{SeriesId, drops::DropReason, hist::Bucket, key_quota::QuotaMap
 use crate::{atomic::atomic_add, drops, key_quota};
 
 #[inline(always)]
-fn add_to(b: *mut Bucket, value_ns: u64, bytes: u64) {
+fn add_to(b: *mut Bucket, v: &Bucket) {
     // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
     unsafe {
-        atomic_add(&raw mut (*b).count, 1);
-        atomic_add(&raw mut (*b).sum, value_ns);
-        if bytes != 0 {
-            atomic_add(&raw mut (*b).bytes, bytes);
+        atomic_add(&raw mut (*b).count, v.count);
+        atomic_add(&raw mut (*b).sum, v.sum);
+        if v.bytes != 0 {
+            atomic_add(&raw mut (*b).bytes, v.bytes);
         }
     }
 }
@@ -47,8 +47,25 @@ pub fn try_add<K>(
     value_ns: u64,
     bytes: u64,
 ) -> Result<(), DropReason> {
+    let v = Bucket {
+        count: 1,
+        sum: value_ns,
+        bytes,
+    };
+    try_add_bucket(map, quota, series, key, &v)
+}
+
+/// `try_add` of several events at once (`v.count` of them, their sum and bytes).
+#[inline(always)]
+pub fn try_add_bucket<K>(
+    map: &HashMap<K, Bucket>,
+    quota: Option<QuotaMap>,
+    series: SeriesId,
+    key: &K,
+    v: &Bucket,
+) -> Result<(), DropReason> {
     if let Some(b) = map.get_ptr_mut(key) {
-        add_to(b, value_ns, bytes);
+        add_to(b, v);
         return Ok(());
     }
     if let Some(quota) = quota
@@ -56,18 +73,13 @@ pub fn try_add<K>(
     {
         return Err(DropReason::HistOverShare);
     }
-    let b = Bucket {
-        count: 1,
-        sum: value_ns,
-        bytes,
-    };
-    if map.insert(key, &b, BPF_NOEXIST as u64).is_ok() {
+    if map.insert(key, v, BPF_NOEXIST as u64).is_ok() {
         return Ok(());
     }
     // Another CPU created the key between our lookup and insert: add to it.
     match map.get_ptr_mut(key) {
         Some(b) => {
-            add_to(b, value_ns, bytes);
+            add_to(b, v);
             Ok(())
         }
         None => Err(DropReason::HistFull),

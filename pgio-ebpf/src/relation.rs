@@ -1,26 +1,33 @@
 //! IO per PostgreSQL relation file (issue 31): a tracked process' `openat` names the file
 //! (`pgio_common::relation::parse_path`) and leaves it in the `(tgid, fd)` slot of
-//! `RELATION_FDS`; each timed read, write or sync on that fd then also counts in
-//! `RELATION_HIST` under the file. A call on an fd without its slot (opened before pgio
+//! `RELATION_FDS`; each timed read, write or sync on that fd then also counts under the
+//! file: in a row of the slot itself (an array lookup, a tag compare and atomic adds), or, when
+//! the slot's row for that cache outcome holds another (series, syscall) or the series is
+//! provisional, in `RELATION_HIST`. A call on an fd without its slot (opened before pgio
 //! attached, or a slot another open took) counts as `(other)`.
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_str_bytes},
     macros::{map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use pgio_common::{
+    CHILD_SERIES_MAX, SeriesId,
     hist::{Bucket, slot},
     relation::{
-        FD_SLOTS, FD_UNKNOWN, FdSlot, OPEN_MAX, PATH_MAX_PARSED, ParseScratch, ParseState, QUOTA,
-        RelFile, RelationKey, fd_slot, fd_tag, finish, parse_byte,
+        FD_ROWS, FD_SLOTS, FD_UNKNOWN, FOLDS_FINISHED, FOLDS_STARTED, FdRow, FdSlot, OPEN_MAX,
+        PATH_MAX_PARSED, ParseScratch, ParseState, QUOTA, ROW_SLOTS, RelFile, RelationKey,
+        fd_row_of, fd_slot, fd_tag, finish, parse_byte, row_slot, slot_of_row,
     },
-    syscall::{Cache, SyscallStart},
+    syscall::{Cache, RowTag, SyscallStart},
 };
 
 use crate::{
+    atomic::atomic_add,
     drops, hist,
     sys_record::{ARG1, RET, field},
+    syscall::generation,
     tracked,
 };
 
@@ -34,8 +41,9 @@ static RELATIONS_ON: u8 = 1;
 #[map]
 static RELATION_OPEN: LruHashMap<u32, RelFile> = LruHashMap::with_max_entries(OPEN_MAX, 0);
 
+/// Mmapable: a scrape reads its rows from pgio's memory, not with 16,384 map lookups.
 #[map]
-static RELATION_FDS: Array<FdSlot> = Array::with_max_entries(FD_SLOTS, 0);
+static RELATION_FDS: Array<FdSlot> = Array::with_max_entries(FD_SLOTS, BPF_F_MMAPABLE);
 
 #[map]
 static RELATION_HIST: HashMap<RelationKey, Bucket> = HashMap::with_max_entries(16_384, 0);
@@ -45,6 +53,11 @@ static RELATION_HIST: HashMap<RelationKey, Bucket> = HashMap::with_max_entries(1
 /// its room, so the sum over a series' files stays its total.
 #[map]
 static RELATION_REST_HIST: HashMap<RelationKey, Bucket> = HashMap::with_max_entries(4_096, 0);
+
+/// Folds of live rows into `RELATION_HIST`, started and finished (`FOLDS_STARTED`,
+/// `FOLDS_FINISHED`): a reader retries when one ran while it read the slots and the map.
+#[map]
+static RELATION_FOLDS: Array<u64> = Array::with_max_entries(2, 0);
 
 /// The path being parsed and the parser's state (see `ParseState` on why not the stack).
 #[map]
@@ -108,10 +121,93 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
     // event's mixture while both race.
     unsafe {
         core::ptr::write_volatile(&mut (*s).tag, 0);
+        let held = (core::ptr::read_volatile(&(*s).rows[0].tag)
+            | core::ptr::read_volatile(&(*s).rows[1].tag))
+            != 0;
+        if held {
+            fold_rows(s);
+        }
         (*s).file = file;
         core::ptr::write_volatile(&mut (*s).tag, fd_tag(tgid, fd));
     }
     0
+}
+
+/// Moves the counts of the slot's live rows into `RELATION_HIST` under the slot's file, and
+/// frees the rows, before the slot names another file.
+///
+/// # Safety
+/// `s` is a `RELATION_FDS` value.
+#[inline(never)]
+unsafe fn fold_rows(s: *mut FdSlot) {
+    let Some(folds) = RELATION_FOLDS.get_ptr_mut(FOLDS_STARTED) else {
+        return;
+    };
+    atomic_add(folds, 1);
+    // SAFETY: as the caller says.
+    let file = unsafe { (*s).file };
+    let mut i = 0;
+    while i < FD_ROWS {
+        // SAFETY: as the caller says; `i` is below FD_ROWS.
+        unsafe { fold_row(&mut (*s).rows[i], file) };
+        i += 1;
+    }
+    if let Some(done) = RELATION_FOLDS.get_ptr_mut(FOLDS_FINISHED) {
+        atomic_add(done, 1);
+    }
+}
+
+/// # Safety
+/// `r` is a row of a `RELATION_FDS` value.
+#[inline(always)]
+unsafe fn fold_row(r: *mut FdRow, file: RelFile) {
+    // SAFETY: as the caller says.
+    let held = unsafe { core::ptr::read_volatile(&(*r).tag) };
+    let Some(t) = RowTag::decode(held) else {
+        return;
+    };
+    // SAFETY: as the caller says. Untagged first: no call adds to it any more.
+    unsafe { core::ptr::write_volatile(&mut (*r).tag, 0) };
+    if generation(t.series) != t.generation {
+        return; // stale: its series was retired, its counts with it
+    }
+    let mut key = RelationKey {
+        series: t.series,
+        file,
+        syscall: t.syscall,
+        cache: t.cache,
+        slot: 0,
+        _pad: 0,
+    };
+    // The row's sum and bytes go with its first counted slot (a histogram's sum is its
+    // slots' sum).
+    // SAFETY: as the caller says.
+    let (mut sum, mut bytes) = unsafe { ((*r).sum, (*r).bytes) };
+    let mut i = 0;
+    while i < ROW_SLOTS {
+        // SAFETY: as the caller says; `i` is below ROW_SLOTS.
+        let count = unsafe { (*r).slots[i] };
+        if count != 0 {
+            key.slot = slot_of_row(i);
+            book(&key, &Bucket { count, sum, bytes });
+            (sum, bytes) = (0, 0);
+        }
+        i += 1;
+    }
+}
+
+/// Counts `v` under `key` in `RELATION_HIST`, or in its series' `(rest)` when that map has
+/// no room for it (its owner's share, or full).
+#[inline(always)]
+fn book(key: &RelationKey, v: &Bucket) {
+    if hist::try_add_bucket(&RELATION_HIST, Some(QUOTA), key.series, key, v).is_ok() {
+        return;
+    }
+    let mut rest = *key;
+    rest.file = RelFile::REST;
+    if let Err(reason) = hist::try_add_bucket(&RELATION_REST_HIST, None, key.series, &rest, v) {
+        drops::count(reason);
+    }
 }
 
 /// A timed call of `tgid` on the fd in `s` took `d`: counted under its file if the fd's slot
@@ -122,19 +218,24 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
     if unsafe { core::ptr::read_volatile(&RELATIONS_ON) } == 0 || s.fd == FD_UNKNOWN {
         return;
     }
-    let Some(slot_ptr) = RELATION_FDS.get_ptr(fd_slot(tgid, s.fd)) else {
+    let Some(fs) = RELATION_FDS.get_ptr_mut(fd_slot(tgid, s.fd)) else {
         return;
     };
+    let bytes = bytes();
     // SAFETY: a map value (see `sys_exit_openat` on a concurrent writer).
-    let (tag, file) = unsafe { (core::ptr::read_volatile(&(*slot_ptr).tag), (*slot_ptr).file) };
+    let (tag, file) = unsafe { (core::ptr::read_volatile(&(*fs).tag), (*fs).file) };
     // Not this fd's slot (opened before pgio attached and not found under the data directory,
     // or another open took the slot): `(other)`, so that the sum over files is the total.
     let file = if tag == fd_tag(tgid, s.fd) {
+        // SAFETY: this fd's slot.
+        if unsafe { add_to_row(fs, s.series, s.syscall, cache, d, bytes) } {
+            return;
+        }
         file
     } else {
         RelFile::OTHER
     };
-    let mut key = RelationKey {
+    let key = RelationKey {
         series: s.series,
         file,
         syscall: s.syscall,
@@ -142,15 +243,69 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
         slot: slot(d),
         _pad: 0,
     };
-    let bytes = bytes();
-    if hist::try_add(&RELATION_HIST, Some(QUOTA), s.series, &key, d, bytes).is_ok() {
-        return;
+    book(
+        &key,
+        &Bucket {
+            count: 1,
+            sum: d,
+            bytes,
+        },
+    );
+}
+
+/// Counts the call in the slot's row for its cache outcome if the row is free, its own, or
+/// stale; `false`: another (series, syscall) holds it, or the series is provisional (only
+/// the hash map's keys are folded into the series a process is classified as).
+///
+/// # Safety
+/// `fs` is a `RELATION_FDS` value.
+#[inline(always)]
+unsafe fn add_to_row(
+    fs: *mut FdSlot,
+    series: SeriesId,
+    syscall: u8,
+    cache: Cache,
+    d: u64,
+    bytes: u64,
+) -> bool {
+    if series.0 >= CHILD_SERIES_MAX {
+        return false;
     }
-    // No room for the file's key: the series' `(rest)`.
-    key.file = RelFile::REST;
-    if let Err(reason) = hist::try_add(&RELATION_REST_HIST, None, s.series, &key, d, bytes) {
-        drops::count(reason);
+    let tag = RowTag {
+        series,
+        generation: generation(series),
+        syscall,
+        cache: cache as u8,
     }
+    .encode();
+    // SAFETY: as the caller says; the index is masked below FD_ROWS.
+    let r = unsafe { &raw mut (*fs).rows[fd_row_of(cache as u8) & (FD_ROWS - 1)] };
+    // SAFETY: a map value; the adds are atomic (a process' threads may share an fd).
+    unsafe {
+        let held = core::ptr::read_volatile(&(*r).tag);
+        if held != tag {
+            if let Some(h) = RowTag::decode(held)
+                && generation(h.series) == h.generation
+            {
+                return false;
+            }
+            // Free or stale: zero it, then tag it (the tag last: see `FdRow`).
+            let mut i = 0;
+            while i < ROW_SLOTS {
+                core::ptr::write_volatile(&mut (*r).slots[i], 0);
+                i += 1;
+            }
+            (*r).sum = 0;
+            (*r).bytes = 0;
+            core::ptr::write_volatile(&mut (*r).tag, tag);
+        }
+        atomic_add(&raw mut (*r).slots[row_slot(slot(d)) & (ROW_SLOTS - 1)], 1);
+        atomic_add(&raw mut (*r).sum, d);
+        if bytes != 0 {
+            atomic_add(&raw mut (*r).bytes, bytes);
+        }
+    }
+    true
 }
 
 /// Called by `sched_process_exit` for every exiting thread.

@@ -182,7 +182,7 @@ fn fd_arg(ctx: &TracePointContext) -> u16 {
 }
 
 #[inline(always)]
-fn generation(series: SeriesId) -> u32 {
+pub(crate) fn generation(series: SeriesId) -> u32 {
     SYSCALL_ROW_GEN.get(series.0).map_or(0, |g| *g)
 }
 

@@ -28,7 +28,12 @@ pub fn file_of(data_dir: &Path, link: &Path) -> Option<RelFile> {
 }
 
 /// Writes the slots of `pid`'s open files beneath its data directory; returns how many.
-pub fn seed(fds: &mut Array<MapData, FdSlot>, pid: u32) -> std::io::Result<usize> {
+/// `taking` sees each slot before it is written (its rows may hold another fd's counts).
+pub fn seed(
+    fds: &mut Array<MapData, FdSlot>,
+    pid: u32,
+    mut taking: impl FnMut(&FdSlot),
+) -> std::io::Result<usize> {
     let data_dir = std::fs::read_link(format!("/proc/{pid}/cwd"))?;
     let mut seeded = 0;
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))?.take(MAX_FDS) {
@@ -48,10 +53,17 @@ pub fn seed(fds: &mut Array<MapData, FdSlot>, pid: u32) -> std::io::Result<usize
             continue;
         };
         let (tag, slot) = (fd_tag(pid, fd), fd_slot(pid, fd));
-        if fds.get(&slot, 0).is_ok_and(|s| s.tag == tag) {
-            continue; // named by the kernel since
+        match fds.get(&slot, 0) {
+            Ok(s) if s.tag == tag => continue, // named by the kernel since
+            Ok(s) => taking(&s),
+            Err(_) => {}
         }
-        if fds.set(slot, FdSlot { tag, file }, 0).is_ok() {
+        let named = FdSlot {
+            tag,
+            file,
+            ..FdSlot::default()
+        };
+        if fds.set(slot, named, 0).is_ok() {
             seeded += 1;
         }
     }
