@@ -1,8 +1,9 @@
 //! The relation family (issue 31, in progress, off by default: `relations = true`): IO time per
 //! PostgreSQL relation. The kernel names the file at the process' `openat` and counts each
 //! timed read, write and sync on its fd under it (`pgio-ebpf/src/relation.rs`); this reads
-//! `RELATION_HIST`, names each file from its cluster's catalogs (`book`, `names`), and gives
-//! the `max_relations` busiest relations of each cluster series of their own (`top`):
+//! `RELATION_HIST` and the rows of the fd slots (`slots`), names each file from its cluster's
+//! catalogs (`book`, `names`), and gives the `max_relations` busiest relations of each
+//! cluster series of their own (`top`):
 //! `pgio_relation_io_seconds{relation="public.orders",kind="table",database,…}`, the others
 //! `relation="(rest)"`, a file not (yet) in the catalogs `"(relfilenode <n>)"` (`snapshot`).
 pub mod book;
