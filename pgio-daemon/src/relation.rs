@@ -240,21 +240,20 @@ impl Source for RelationSource {
     /// catalogs of the clusters due, outside the lock (a scrape never waits for it).
     fn housekeep(&self, tracked: &SharedTracked) {
         if let Some(slots) = &self.slots {
-            let (live, routes) = {
+            let live: HashSet<u32> = {
                 let t = lock(tracked);
-                let live: HashSet<u32> = t
-                    .pids
+                t.pids
                     .iter()
                     .filter(|(_, s)| {
                         let l = t.registry.exported(**s);
                         l.app == "postgres" && !l.cluster.is_empty()
                     })
                     .map(|(pid, _)| *pid)
-                    .collect();
-                (live, t.provisional.clone())
+                    .collect()
             };
             let new = lock(&self.seeded).new_ones(&live);
             if !new.is_empty() {
+                let routes = lock(tracked).provisional.clone();
                 let mut slots = lock(slots);
                 for pid in new {
                     // A slot taken from another fd keeps its counts: booked as the kernel's

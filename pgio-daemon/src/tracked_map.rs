@@ -2,11 +2,7 @@
 //! (`SeriesId::tracked_slot`), four to each 8-byte array value. Writing through the mapping
 //! changes exactly one tgid's two bytes; a map update would write the whole value and could
 //! undo what the fork program just wrote for a neighbouring tgid.
-use std::{
-    os::fd::{AsFd, AsRawFd},
-    ptr::NonNull,
-    sync::atomic::{AtomicU16, Ordering},
-};
+use std::sync::atomic::{AtomicU16, Ordering};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -15,22 +11,18 @@ use aya::{
 };
 use pgio_common::{SeriesId, TRACKED_PER_ENTRY};
 
+use crate::maps::MappedValues;
+
 /// Sized to `pid_max` by the loader (`pgio_common::tracked_entries`).
 pub const TRACKED_MAP: &str = "TRACKED";
 
 pub struct TrackedMap {
-    base: NonNull<AtomicU16>,
+    /// Written only with atomic 2-byte stores.
+    values: MappedValues,
     /// tgids the array reaches: `TRACKED_PER_ENTRY` × its entries.
     tgids: u32,
-    /// Bytes mapped.
-    len: usize,
-    /// Keeps the map (and so the mapping's object) alive.
     _map: MapData,
 }
-
-// SAFETY: the mapping is shared memory written only with atomic 2-byte stores; it lives as
-// long as this value, which owns it.
-unsafe impl Send for TrackedMap {}
 
 /// Why a tgid could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -53,29 +45,10 @@ impl TrackedMap {
         if info.value_size() != 8 {
             bail!("map {TRACKED_MAP}: value size {}, not 8", info.value_size());
         }
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let len = (entries as usize * 8).div_ceil(page) * page;
-        // SAFETY: a shared read-write mapping of an mmapable array map, offset 0, no longer
-        // than its (page-rounded) values, as the kernel allows; checked for failure below.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).context("mmap of map TRACKED");
-        }
-        let base = NonNull::new(addr.cast::<AtomicU16>()).context("mmap of map TRACKED: null")?;
+        let values = MappedValues::new(&map, TRACKED_MAP, 8, entries, true)?;
         Ok(TrackedMap {
-            base,
+            values,
             tgids: entries.saturating_mul(TRACKED_PER_ENTRY),
-            len,
             _map: map,
         })
     }
@@ -90,15 +63,10 @@ impl TrackedMap {
             .ok_or(TrackedError::Unrepresentable(series.0))?;
         // SAFETY: `tgid` < `tgids`, so within the mapping; little-endian targets only (the
         // u16 lanes of each u64 value are its bytes in order).
-        unsafe { (*self.base.as_ptr().add(tgid as usize)).store(v, Ordering::Relaxed) };
+        unsafe {
+            (*self.values.as_ptr::<AtomicU16>().add(tgid as usize)).store(v, Ordering::Relaxed)
+        };
         Ok(())
-    }
-}
-
-impl Drop for TrackedMap {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `take`, unmapped once.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 

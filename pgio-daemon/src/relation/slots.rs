@@ -4,12 +4,7 @@
 //! into `RELATION_HIST`; so a scrape reads the hash map and the slots as one view, and reads
 //! again when a fold ran meanwhile (it would have seen the moved counts twice, or not at all,
 //! and the exported counters would step back at the next scrape).
-use std::{
-    os::fd::{AsFd, AsRawFd},
-    ptr::NonNull,
-    thread,
-    time::Duration,
-};
+use std::{thread, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -27,7 +22,7 @@ use tracing::warn;
 use super::RelationId;
 use crate::{
     hist::Hists,
-    maps::take_map,
+    maps::{MappedValues, take_map},
     provisional::{Provisional, Route},
 };
 
@@ -39,18 +34,12 @@ pub struct Slots {
     /// For writes (`open_files`).
     pub fds: Array<MapData, FdSlot>,
     /// The same array mapped read-only (it is mmapable), for reads.
-    view: NonNull<FdSlot>,
+    view: MappedValues,
     entries: u32,
-    /// Bytes mapped.
-    len: usize,
     folds: Array<MapData, u64>,
     /// Views read while folds kept coming (logged once).
     unsettled_logged: bool,
 }
-
-// SAFETY: `view` is a read-only shared mapping owned by this value (unmapped on drop), read
-// with volatile copies; the kernel's concurrent writes are the protocol `read_with` follows.
-unsafe impl Send for Slots {}
 
 impl Slots {
     pub fn take(ebpf: &mut Ebpf) -> Result<Slots> {
@@ -64,30 +53,17 @@ impl Slots {
                 size_of::<FdSlot>()
             );
         }
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let len = (entries as usize * size_of::<FdSlot>()).div_ceil(page) * page;
-        // SAFETY: a shared read-only mapping of an mmapable array map, offset 0, no longer
-        // than its (page-rounded) values, as the kernel allows; checked for failure below.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fds.map().fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).context("mmap of map RELATION_FDS");
-        }
-        let view = NonNull::new(addr.cast::<FdSlot>()).context("mmap of RELATION_FDS: null")?;
+        let view = MappedValues::new(
+            fds.map(),
+            "RELATION_FDS",
+            size_of::<FdSlot>(),
+            entries,
+            false,
+        )?;
         Ok(Slots {
             fds,
             view,
             entries,
-            len,
             folds: take_map(ebpf, "RELATION_FOLDS")?,
             unsettled_logged: false,
         })
@@ -95,9 +71,11 @@ impl Slots {
 
     /// A copy of slot `i` as the kernel left it.
     fn slot(&self, i: u32) -> Option<FdSlot> {
-        // SAFETY: below `entries`, so within the mapping; FdSlot is plain integers.
-        (i < self.entries)
-            .then(|| unsafe { std::ptr::read_volatile(self.view.as_ptr().add(i as usize)) })
+        // SAFETY: below `entries`, so within the mapping; FdSlot is plain integers. Volatile:
+        // the kernel writes it meanwhile (see `read_with`).
+        (i < self.entries).then(|| unsafe {
+            std::ptr::read_volatile(self.view.as_ptr::<FdSlot>().add(i as usize))
+        })
     }
 
     fn folds(&self, which: u32) -> u64 {
@@ -161,13 +139,6 @@ impl Slots {
                 h.bytes = h.bytes.wrapping_add(row.bytes);
             }
         }
-    }
-}
-
-impl Drop for Slots {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `take`, unmapped once.
-        unsafe { libc::munmap(self.view.as_ptr().cast(), self.len) };
     }
 }
 
