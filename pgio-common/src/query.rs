@@ -127,7 +127,7 @@ impl Default for QueryRow {
     }
 }
 
-/// A client backend thread's connection and running query (`QUERY`, by thread id).
+/// A client backend thread's connection and running query (a way of `QUERY`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueryState {
@@ -151,6 +151,8 @@ pub struct QueryState {
     /// postmaster's `IdSource` is known, then read at each query's end; 0 until then.
     pub query_id_at: u64,
     pub client_fd: u32,
+    /// The thread whose connection this is (`QUERY`'s ways are found by it); 0: a free way.
+    pub tid: u32,
     /// Encrypted: sends in this cycle.
     pub sends: u16,
     /// `Phase`.
@@ -159,8 +161,13 @@ pub struct QueryState {
     pub wire: u8,
     /// `Pending`.
     pub pending: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
 }
+
+/// `QUERY` holds `QUERY_SETS` sets of `QUERY_WAYS` connections; a thread's set is its id's
+/// low bits (ids are handed out in sequence, so live backends spread over the sets).
+pub const QUERY_WAYS: u32 = 4;
+pub const QUERY_SETS: u32 = 4_096;
 
 crate::abi_enum! {
     /// Whether a `sys_enter_*` program kept a client-socket call (`QueryState::pending`).

@@ -73,6 +73,12 @@ impl Probe {
         self
     }
 
+    /// Attached only once `program` is.
+    pub fn after(mut self, program: &'static str) -> Probe {
+        self.requires = Some(program);
+        self
+    }
+
     /// Whether `config` turns it on.
     pub fn is_on(&self, config: &Config) -> bool {
         self.when.is_none_or(|on| on(config))

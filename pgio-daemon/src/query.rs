@@ -20,6 +20,7 @@ use crate::{
     family::{Attach, Family, Probe, Setup, Taken},
     hist::{HistId, HistKey, HistMapSpec, HistSnapshot, HistSource, HistValue, Hists},
     labels::WithLabels,
+    syscall::SCHED_SWITCH,
 };
 
 pub static HIST: HistMapSpec = HistMapSpec {
@@ -52,8 +53,13 @@ impl Family for QueryFamily {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        let socket =
-            |program| Probe::new(program, Attach::TracePoint("syscalls"), true).when(queries);
+        // They take the running thread's ids from the syscall family's per-CPU slot, which
+        // `sched_switch` resets.
+        let socket = |program| {
+            Probe::new(program, Attach::TracePoint("syscalls"), true)
+                .when(queries)
+                .after(SCHED_SWITCH)
+        };
         // Where the exits cannot read the call's arguments from the saved registers.
         let keeps_args = |program| socket(program).on_kernels(args_at_entry);
         vec![
@@ -72,7 +78,8 @@ impl Family for QueryFamily {
                 },
                 true,
             )
-            .when(aio_probes),
+            .when(aio_probes)
+            .after(SCHED_SWITCH),
             Probe::new(
                 "pgaio_wref_wait_return",
                 Attach::URetProbeLater {
@@ -80,7 +87,8 @@ impl Family for QueryFamily {
                 },
                 true,
             )
-            .when(aio_probes),
+            .when(aio_probes)
+            .after(SCHED_SWITCH),
         ]
     }
 

@@ -37,7 +37,7 @@ const ROWS_GLOBAL: &str = "SYSCALL_ROWS_N";
 const ROW_GEN_MAP: &str = "SYSCALL_ROW_GEN";
 /// Tells the syscall programs that another thread runs, and moves a switched-out thread's
 /// pending syscall start off its CPU.
-const SCHED_SWITCH: &str = "sched_switch";
+pub const SCHED_SWITCH: &str = "sched_switch";
 
 /// The syscall family (`Family`).
 pub struct SyscallFamily;

@@ -301,6 +301,22 @@ fn pg15_files_opened_before_pgio_started_are_named() {
         &pg,
         "create table a as select g, repeat('x', 200) as pad from generate_series(1, 100000) g",
     );
+    // `b` lives in a tablespace: its fd's link is the tablespace's real path, outside the
+    // data directory. 40,000 rows (~9 MB) are over a quarter of shared_buffers, so each
+    // sequential scan reads it again through a ring.
+    let spc = dir.path().join("spc");
+    std::fs::create_dir(&spc).expect("tablespace dir");
+    let (uid, gid) = pg.os_user_ids();
+    std::os::unix::fs::chown(&spc, Some(uid), Some(gid)).expect("chown tablespace dir");
+    q(
+        &pg,
+        &format!("create tablespace spc location '{}'", spc.display()),
+    );
+    q(
+        &pg,
+        "create table b tablespace spc as \
+         select g, repeat('y', 200) as pad from generate_series(1, 40000) g",
+    );
     q(&pg, "checkpoint");
     // psql writes what `\o` names once it has run the statements before it.
     let wait_for = |file: &std::path::Path, text: &str| {
@@ -314,7 +330,7 @@ fn pg15_files_opened_before_pgio_started_are_named() {
     let opened = out.join("opened.txt");
     session
         .send(&format!(
-            "{SEQ_SCAN_A};\n\\o {}\nselect 'opened';",
+            "{SEQ_SCAN_A};\nselect count(*) from b;\n\\o {}\nselect 'opened';",
             opened.display()
         ))
         .expect("first scan");
@@ -325,16 +341,17 @@ fn pg15_files_opened_before_pgio_started_are_named() {
     // The pass that names the open files runs once a second.
     std::thread::sleep(Duration::from_secs(2));
     let cluster = pgdata.to_string_lossy().into_owned();
-    let reads_of_a = |m: &Metrics| {
+    let reads_of = |m: &Metrics, relation: &str| {
         m.sum(
             FAMILY,
             &[
-                ("relation", "public.a"),
+                ("relation", relation),
                 ("role", BACKEND),
                 ("cluster", cluster.as_str()),
             ],
         )
     };
+    let reads_of_a = |m: &Metrics| reads_of(m, "public.a");
     let before = daemon.scrape();
     // `pgio-daemon top --by database,relation` over the same scan: the relation time.
     let top = std::process::Command::new(env!("CARGO_BIN_EXE_pgio-daemon"))
@@ -355,12 +372,7 @@ fn pg15_files_opened_before_pgio_started_are_named() {
         ))
         .expect("second scan");
     let plan = wait_for(&explained, "Execution Time");
-    let read: f64 = plan
-        .lines()
-        .find_map(|l| l.split("read=").nth(1))
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no read= in the plan:\n{plan}"));
+    let read = blocks_read(&plan);
     let mut after = daemon.scrape();
     wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
         after = daemon.scrape();
@@ -397,7 +409,49 @@ fn pg15_files_opened_before_pgio_started_are_named() {
         top_reads as f64, read,
         "top's pread64 rows of postgres public.a:\n{j}"
     );
+
+    // The tablespace's table: by the same session (a file opened before pgio, named from
+    // `pg_tblspc/`'s link), then by a new one (the kernel parses its `openat` path).
+    let before = daemon.scrape();
+    let explained_b = out.join("explain_b.txt");
+    session
+        .send(&format!(
+            "\\o {}\nexplain (analyze, buffers) select count(*) from b;",
+            explained_b.display()
+        ))
+        .expect("scan of b");
+    let read_old_fd = blocks_read(&wait_for(&explained_b, "Execution Time"));
+    let read_new_fd = blocks_read(&q(
+        &pg,
+        "set max_parallel_workers_per_gather = 0; \
+         explain (analyze, buffers) select count(*) from b",
+    ));
+    let want = read_old_fd + read_new_fd;
+    let mut after = daemon.scrape();
+    wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
+        after = daemon.scrape();
+        reads_of(&after, "public.b") - reads_of(&before, "public.b") >= want
+    });
+    let booked_b = reads_of(&after, "public.b") - reads_of(&before, "public.b");
+    eprintln!(
+        "PG15, b in a tablespace: the scans read {read_old_fd} blocks (fd opened before pgio) + \
+         {read_new_fd} (a new session); pgio: {booked_b} reads on public.b"
+    );
+    assert!(
+        read_old_fd > 500.0 && read_new_fd > 500.0,
+        "b's scans read too little"
+    );
+    assert_eq!(booked_b, want, "reads booked on public.b");
     drop(session);
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
+}
+
+/// The blocks a plan of `explain (analyze, buffers)` read (its first `read=`).
+fn blocks_read(plan: &str) -> f64 {
+    plan.lines()
+        .find_map(|l| l.split("read=").nth(1))
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no read= in the plan:\n{plan}"))
 }

@@ -78,6 +78,15 @@ fn cpu() -> Option<*mut CpuSyscall> {
     Some(c)
 }
 
+/// The running thread's (tid, tgid), from this CPU's slot: the helper is called once between
+/// two switches, whichever program asks first (the query programs too).
+#[inline(always)]
+pub(crate) fn current_ids() -> Option<(u32, u32)> {
+    let c = cpu()?;
+    // SAFETY: this CPU's slot (see `cpu`).
+    unsafe { Some(((*c).tid, (*c).tgid)) }
+}
+
 /// `timed = false`: a futex call that does not wait; it only opens the slot, so that its
 /// exit knows there is nothing to look up.
 /// `fd`: the call's file descriptor, asked only of a tracked process' call.
