@@ -92,12 +92,15 @@ pub const fn fd_row_of(cache: u8) -> usize {
 pub struct FdSlot {
     /// [`fd_tag`] of its `(tgid, fd)`; 0: free.
     pub tag: u64,
+    /// When it was last opened or counted in (`bpf_ktime_get_ns`, CLOCK_MONOTONIC): a closed
+    /// fd's slot (no `close` is traced) ages and is the first of its set to be taken.
+    pub last_ns: u64,
     pub file: RelFile,
     pub rows: [FdRow; FD_ROWS],
 }
 
 crate::abi_size!(FdRow, 24 + 8 * ROW_SLOTS, 8);
-crate::abi_size!(FdSlot, 24 + 2 * (24 + 8 * ROW_SLOTS), 8);
+crate::abi_size!(FdSlot, 32 + 2 * (24 + 8 * ROW_SLOTS), 8);
 crate::abi_pod!(FdSlot, FdRow);
 
 /// `RELATION_FOLDS` entries: folds started and finished. A reader that saw both equal
@@ -112,11 +115,58 @@ pub const fn fd_tag(tgid: u32, fd: u16) -> u64 {
     (tgid as u64) << 32 | (fd as u64 + 1)
 }
 
-/// The slot `(tgid, fd)` may take (a multiplicative hash).
+/// Set in a slot's tag when its process closes the fd (`sys_enter_close`): no call matches
+/// it any more (a pipe or socket that gets the number is not the file), and it is taken as
+/// soon as its set needs a slot (its rows' counts are folded then).
+pub const FD_CLOSED: u64 = 1 << 31;
+
+/// `RELATION_FDS` is `FD_SLOTS / FD_WAYS` sets of `FD_WAYS` slots: an fd may take any slot
+/// of its set, so fds hashed alike do not push each other out (direct-mapped, with 10,000
+/// open fds on a node ~45 % would have lost their slot to another's and counted as `(other)`).
+pub const FD_WAYS: u32 = 4;
+
+/// The first slot of the set `(tgid, fd)` may take a slot of (a multiplicative hash).
 #[inline(always)]
-pub const fn fd_slot(tgid: u32, fd: u16) -> u32 {
+pub const fn fd_set(tgid: u32, fd: u16) -> u32 {
     let x = fd_tag(tgid, fd).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x >> 40) as u32 & (FD_SLOTS - 1)
+    ((x >> 40) as u32 & (FD_SLOTS / FD_WAYS - 1)) * FD_WAYS
+}
+
+/// The process an [`fd_tag`] names.
+#[inline(always)]
+pub const fn tag_tgid(tag: u64) -> u32 {
+    (tag >> 32) as u32
+}
+
+/// Which slot of its set an `openat` of `mine` takes, given the set's tags and `last_ns`:
+/// its own (the fd number reused), else a free or closed one, else one of a process `alive`
+/// no longer says is there, else the one used longest ago.
+#[inline(always)]
+pub fn pick_way(
+    tags: &[u64; FD_WAYS as usize],
+    last: &[u64; FD_WAYS as usize],
+    mine: u64,
+    alive: impl Fn(u32) -> bool,
+) -> usize {
+    let mut i = 0;
+    while i < FD_WAYS as usize {
+        if tags[i] == mine {
+            return i;
+        }
+        i += 1;
+    }
+    let (mut best, mut oldest) = (0, u64::MAX);
+    i = 0;
+    while i < FD_WAYS as usize {
+        if tags[i] == 0 || tags[i] & FD_CLOSED != 0 || !alive(tag_tgid(tags[i])) {
+            return i;
+        }
+        if last[i] < oldest {
+            (best, oldest) = (i, last[i]);
+        }
+        i += 1;
+    }
+    best
 }
 
 /// Key of `RELATION_HIST`: one log2 slot of one (series, file, syscall, cache) histogram.
@@ -436,6 +486,37 @@ fn classify(c: &[Component; MAX_COMPONENTS], count: usize) -> RelFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_takes_its_own_slot_then_a_free_one_then_a_dead_process_then_the_oldest() {
+        let mine = fd_tag(7, 20);
+        let (a, b, c) = (fd_tag(8, 3), fd_tag(9, 4), fd_tag(10, 5));
+        let alive = |tgid: u32| tgid != 9;
+        // Its own wins over a free slot before it.
+        assert_eq!(pick_way(&[0, a, mine, c], &[0, 5, 9, 1], mine, alive), 2);
+        assert_eq!(pick_way(&[a, 0, c, a], &[5, 0, 1, 2], mine, alive), 1);
+        assert_eq!(pick_way(&[a, c, b, a], &[1, 1, 9, 1], mine, alive), 2);
+        assert_eq!(
+            pick_way(&[a, c | FD_CLOSED, a, c], &[1, 9, 1, 1], mine, alive),
+            1
+        );
+        // A closed slot of its own fd number is not its own.
+        assert_eq!(
+            pick_way(&[a, mine | FD_CLOSED, b, c], &[1, 9, 1, 1], mine, alive),
+            1
+        );
+        assert_eq!(pick_way(&[a, c, a, c], &[50, 40, 30, 60], mine, alive), 2);
+        // A set's slots are consecutive and sets spread: one process' 1,000 fds take at
+        // least 900 of the 4,096 sets.
+        let mut taken = [false; (FD_SLOTS / FD_WAYS) as usize];
+        for fd in 0..1000 {
+            let s = fd_set(4242, fd);
+            assert!(s.is_multiple_of(FD_WAYS) && s + FD_WAYS <= FD_SLOTS);
+            taken[(s / FD_WAYS) as usize] = true;
+        }
+        let n = taken.iter().filter(|t| **t).count();
+        assert!(n >= 900, "{n} sets");
+    }
 
     fn parse(s: &str) -> RelFile {
         let mut p = [0u8; PATH_MAX_PARSED];

@@ -78,17 +78,18 @@ pub struct Config {
     /// counts as its query's IO time. Off by default: uprobes need CAP_SYS_ADMIN on patched
     /// kernels (CVE-2025-38466), and each hit costs a few microseconds.
     pub query_probes: bool,
-    /// IO time per PostgreSQL relation file (`pgio_relation_io_seconds`): a tracepoint on
-    /// `openat` and a lookup in every timed file syscall's exit. Off by default while the
-    /// family is built (issue 31).
+    /// IO time per PostgreSQL relation file (`pgio_relation_io_seconds`): tracepoints on
+    /// `openat` and `close` (~0.25 µs in-kernel per `open` + `close` of any process on the
+    /// node, docs/architecture.md),
+    /// +15 ns at a tracked read's exit, 9.3 MiB of kernel memory.
     pub relations: bool,
     /// Relations with series of their own per cluster: the ones with the most IO time over the
     /// last minute; the others are booked as `relation="(rest)"` of their database.
     pub max_relations: usize,
     /// Query ids with series of their own per database (`pgio_query_id_seconds`): the ones
     /// with the most IO time over the last minute; the others are booked as
-    /// `queryid="(rest)"`. 0 (the default) turns the family off: on, it costs ~0.2-0.4 µs per
-    /// query (BENCHMARKS.md), ~1 % of `pgbench -S`.
+    /// `queryid="(rest)"`. It costs ~0.3-0.45 µs per query (BENCHMARKS.md); 0 turns the
+    /// family off.
     pub max_query_ids: usize,
     /// Attach `sys_enter_recvfrom`/`sys_enter_sendto` to keep the socket calls' arguments for
     /// their exits even where the exits can read them from the saved registers (Linux >= 5.15
@@ -154,9 +155,9 @@ impl Default for Config {
             block_inflight_timeout_secs: 180,
             queries: true,
             query_probes: false,
-            relations: false,
+            relations: true,
             max_relations: 50,
-            max_query_ids: 0,
+            max_query_ids: 20,
             query_args_at_entry: false,
             max_postgres_binaries: 64,
             rules: Vec::new(),

@@ -1,6 +1,6 @@
-//! The relation family (issue 31, in progress, off by default: `relations = true`): IO time per
-//! PostgreSQL relation. The kernel names the file at the process' `openat` and counts each
-//! timed read, write and sync on its fd under it (`pgio-ebpf/src/relation.rs`); this reads
+//! The relation family (`relations = true`, the default): IO time per PostgreSQL relation.
+//! The kernel names the file at the process' `openat` and counts each timed read, write and
+//! sync on its fd under it (`pgio-ebpf/src/relation.rs`); this reads
 //! `RELATION_HIST` and the rows of the fd slots (`slots`), names each file from its cluster's
 //! catalogs (`book`, `names`), and gives the `max_relations` busiest relations of each
 //! cluster series of their own (`top`):
@@ -73,9 +73,14 @@ impl Family for RelationFamily {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        ["sys_enter_openat", "sys_exit_openat"]
+        ["sys_enter_openat", "sys_exit_openat", "sys_enter_close"]
             .into_iter()
-            .map(|p| Probe::new(p, Attach::TracePoint("syscalls"), false).when(relations))
+            .map(|p| {
+                // They take the running thread's ids from the syscall family's per-CPU slot.
+                Probe::new(p, Attach::TracePoint("syscalls"), false)
+                    .when(relations)
+                    .after(crate::syscall::SCHED_SWITCH)
+            })
             .collect()
     }
 
@@ -240,16 +245,18 @@ impl Source for RelationSource {
     /// catalogs of the clusters due, outside the lock (a scrape never waits for it).
     fn housekeep(&self, tracked: &SharedTracked) {
         if let Some(slots) = &self.slots {
-            let live: HashSet<u32> = {
+            let (live, all): (HashSet<u32>, HashSet<u32>) = {
                 let t = lock(tracked);
-                t.pids
+                let live = t
+                    .pids
                     .iter()
                     .filter(|(_, s)| {
                         let l = t.registry.exported(**s);
                         l.app == "postgres" && !l.cluster.is_empty()
                     })
                     .map(|(pid, _)| *pid)
-                    .collect()
+                    .collect();
+                (live, t.pids.keys().copied().collect())
             };
             let new = lock(&self.seeded).new_ones(&live);
             if !new.is_empty() {
@@ -258,7 +265,8 @@ impl Source for RelationSource {
                 for pid in new {
                     // A slot taken from another fd keeps its counts: booked as the kernel's
                     // fold would. A process gone meanwhile has nothing to name.
-                    let _ = open_files::seed(&mut slots.fds, pid, |slot| {
+                    let alive = |p| all.contains(&p);
+                    let _ = open_files::seed(&mut slots.fds, pid, alive, |slot| {
                         for (key, b) in slots::row_keys(slot, |s| routes.generation(s)) {
                             self.hists.reader.book(key, b);
                         }

@@ -67,7 +67,8 @@ fn a_big_node_costs_what_a_small_one_does_but_for_small_per_cpu_maps() {
             "{name} grows by {grows:.1} MiB from 2 to 128 CPUs"
         );
     }
-    assert!(big <= 64.0, "{big:.1} MiB of maps at 128 possible CPUs");
+    // 64 MiB until relations and query ids were on by default (+15.4 MiB).
+    assert!(big <= 80.0, "{big:.1} MiB of maps at 128 possible CPUs");
     // On a node whose pid_max is the 4194304 systemd sets (this host's is likely lower): the
     // tgid-indexed TRACKED grows to reach it.
     let systemd = shapes
@@ -90,7 +91,7 @@ fn a_big_node_costs_what_a_small_one_does_but_for_small_per_cpu_maps() {
         "no TRACKED map in the object"
     );
     assert!(
-        systemd <= 64.0,
+        systemd <= 80.0,
         "{systemd:.1} MiB of maps at 128 possible CPUs and pid_max 4194304"
     );
 }

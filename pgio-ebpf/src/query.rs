@@ -3,7 +3,7 @@
 //! `Phase`; the syscall exits add their time to the running query (`add_io`). A query ends
 //! as one row update of `QUERY_HIST`.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
@@ -94,16 +94,6 @@ fn claim(tid: u32, fd: u32) -> Option<*mut QueryState> {
             && core::ptr::read_volatile(&raw const (*s).client_fd) == fd;
         won.then_some(s)
     }
-}
-
-/// This thread's ids, from the syscall family's per-CPU copy (asked of the kernel once
-/// between two switches).
-#[inline(always)]
-fn current() -> (u32, u32) {
-    syscall::current_ids().unwrap_or_else(|| {
-        let pid_tgid = bpf_get_current_pid_tgid();
-        (pid_tgid as u32, (pid_tgid >> 32) as u32)
-    })
 }
 
 /// Inserted as a new row's value (a map insert copies it).
@@ -324,7 +314,7 @@ fn free(s: *mut QueryState) {
 /// `recvfrom(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = current();
+    let (tid, tgid) = syscall::current();
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -339,7 +329,7 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
 /// backend is about to wait for one).
 #[tracepoint]
 pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = current();
+    let (tid, tgid) = syscall::current();
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -411,7 +401,7 @@ unsafe fn read_first(s: *mut QueryState, series: SeriesId, buf: u64, ret: i64) {
 /// `sendto(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = current();
+    let (tid, tgid) = syscall::current();
     if tracked::series_of(tgid).is_none() {
         return 0;
     }
@@ -426,7 +416,7 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
 /// plain one, whether the send ended with ReadyForQuery: the end of a query.
 #[tracepoint]
 pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = current();
+    let (tid, tgid) = syscall::current();
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -512,7 +502,7 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
 /// `io_method = worker` an io worker performs (no IO syscall of the backend's own).
 #[uprobe]
 pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
-    let Some(q) = find(current().0) else {
+    let Some(q) = find(syscall::current().0) else {
         return 0;
     };
     // SAFETY: a map value; only this thread's programs touch its way.
@@ -527,7 +517,7 @@ pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
 /// Its return: the wait is IO time of the running query.
 #[uretprobe]
 pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
-    let Some(q) = find(current().0) else {
+    let Some(q) = find(syscall::current().0) else {
         return 0;
     };
     // SAFETY: a map value; only this thread's programs touch its way.

@@ -1,13 +1,14 @@
 //! IO per PostgreSQL relation file (issue 31): a tracked process' `openat` names the file
-//! (`pgio_common::relation::parse_path`) and leaves it in the `(tgid, fd)` slot of
-//! `RELATION_FDS`; each timed read, write or sync on that fd then also counts under the
-//! file: in a row of the slot itself (an array lookup, a tag compare and atomic adds), or, when
+//! (`pgio_common::relation::parse_path`) and leaves it in a slot of `RELATION_FDS` tagged
+//! `(tgid, fd)`, one of its set's four (`pick_way`); each timed read, write or sync on that fd
+//! then also counts under the file: in a row of the slot itself (up to four array lookups and
+//! tag compares, atomic adds), or, when
 //! the slot's row for that cache outcome holds another (series, syscall) or the series is
 //! provisional, in `RELATION_HIST`. A call on an fd without its slot (opened before pgio
 //! attached, or a slot another open took) counts as `(other)`.
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_str_bytes},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::TracePointContext,
@@ -16,9 +17,10 @@ use pgio_common::{
     CHILD_SERIES_MAX, SeriesId,
     hist::{Bucket, slot},
     relation::{
-        FD_ROWS, FD_SLOTS, FD_UNKNOWN, FOLDS_FINISHED, FOLDS_STARTED, FdRow, FdSlot, OPEN_MAX,
-        PATH_MAX_PARSED, ParseScratch, ParseState, QUOTA, ROW_SLOTS, RelFile, RelationKey,
-        fd_row_of, fd_slot, fd_tag, finish, parse_byte, row_slot, slot_of_row,
+        FD_CLOSED, FD_ROWS, FD_SLOTS, FD_UNKNOWN, FD_WAYS, FOLDS_FINISHED, FOLDS_STARTED, FdRow,
+        FdSlot, OPEN_MAX, PATH_MAX_PARSED, ParseScratch, ParseState, QUOTA, ROW_SLOTS, RelFile,
+        RelationKey, fd_row_of, fd_set, fd_tag, finish, parse_byte, pick_way, row_slot,
+        slot_of_row,
     },
     syscall::{Cache, RowTag, SyscallStart},
 };
@@ -26,8 +28,8 @@ use pgio_common::{
 use crate::{
     atomic::atomic_add,
     drops, hist,
-    sys_record::{ARG1, RET, field},
-    syscall::generation,
+    sys_record::{ARG0, ARG1, RET, field},
+    syscall::{self, generation},
     tracked,
 };
 
@@ -69,8 +71,8 @@ const FILENAME: usize = ARG1;
 /// A tracked process opens a file: what its path names waits for the call's fd.
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if tracked::series_of((pid_tgid >> 32) as u32).is_none() {
+    let (tid, tgid) = syscall::current();
+    if tracked::series_of(tgid).is_none() {
         return 0;
     }
     let Some(scratch) = RELATION_PATH.get_ptr_mut(0) else {
@@ -93,7 +95,7 @@ pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
             Err(_) => RelFile::OTHER,
         }
     };
-    let _ = RELATION_OPEN.insert(&(pid_tgid as u32), &file, 0);
+    let _ = RELATION_OPEN.insert(&tid, &file, 0);
     0
 }
 
@@ -101,8 +103,12 @@ pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
 /// a reused fd never keeps an earlier file's name).
 #[tracepoint]
 pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
+    let (tid, tgid) = syscall::current();
+    // Nearly every `openat` on a node is an untracked process': an array lookup spares it the
+    // hash's. One untracked mid-call leaves its entry to the LRU.
+    if tracked::series_of(tgid).is_none() {
+        return 0;
+    }
     // SAFETY: a copy of this thread's entry.
     let Some(file) = (unsafe { RELATION_OPEN.get(&tid) }).copied() else {
         return 0;
@@ -112,8 +118,22 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
     if ret < 0 || ret >= FD_UNKNOWN as i64 {
         return 0;
     }
-    let (tgid, fd) = ((pid_tgid >> 32) as u32, ret as u16);
-    let Some(s) = RELATION_FDS.get_ptr_mut(fd_slot(tgid, fd)) else {
+    let fd = ret as u16;
+    let (set, mine) = (fd_set(tgid, fd), fd_tag(tgid, fd));
+    let mut tags = [0u64; FD_WAYS as usize];
+    let mut last = [0u64; FD_WAYS as usize];
+    for way in 0..FD_WAYS {
+        let Some(s) = RELATION_FDS.get_ptr_mut(set + way) else {
+            return 0;
+        };
+        // SAFETY: a map value (see below on concurrent writers).
+        unsafe {
+            tags[way as usize] = core::ptr::read_volatile(&(*s).tag);
+            last[way as usize] = (*s).last_ns;
+        }
+    }
+    let way = pick_way(&tags, &last, mine, |t| tracked::series_of(t).is_some()) as u32;
+    let Some(s) = RELATION_FDS.get_ptr_mut(set + (way & (FD_WAYS - 1))) else {
         return 0;
     };
     // SAFETY: a map value. Tag cleared first and set last: a reader on another CPU (another
@@ -128,7 +148,8 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
             fold_rows(s);
         }
         (*s).file = file;
-        core::ptr::write_volatile(&mut (*s).tag, fd_tag(tgid, fd));
+        (*s).last_ns = bpf_ktime_get_ns();
+        core::ptr::write_volatile(&mut (*s).tag, mine);
     }
     0
 }
@@ -210,30 +231,61 @@ fn book(key: &RelationKey, v: &Bucket) {
     }
 }
 
-/// A timed call of `tgid` on the fd in `s` took `d`: counted under its file if the fd's slot
-/// is this process' own.
+/// The slot of its set that `(tgid, fd)` holds.
+#[inline(always)]
+fn slot_of(tgid: u32, fd: u16) -> Option<*mut FdSlot> {
+    let (set, mine) = (fd_set(tgid, fd), fd_tag(tgid, fd));
+    for way in 0..FD_WAYS {
+        let fs = RELATION_FDS.get_ptr_mut(set + way)?;
+        // SAFETY: a map value (see `sys_exit_openat` on a concurrent writer).
+        if unsafe { core::ptr::read_volatile(&(*fs).tag) } == mine {
+            return Some(fs);
+        }
+    }
+    None
+}
+
+/// `close(fd)` of a tracked process: the fd's slot is marked closed (`FD_CLOSED`), the
+/// first of its set to be taken. Without it a closed fd's slot looked live until it aged,
+/// and a process opening files by the thousand pushed out others' idle but open ones.
+#[tracepoint]
+pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
+    let (_, tgid) = syscall::current();
+    if tracked::series_of(tgid).is_none() {
+        return 0;
+    }
+    let fd = field(&ctx, ARG0);
+    if fd >= FD_UNKNOWN as u64 {
+        return 0;
+    }
+    if let Some(s) = slot_of(tgid, fd as u16) {
+        // SAFETY: a map value; the tag alone changes (see `sys_exit_openat`).
+        unsafe { core::ptr::write_volatile(&mut (*s).tag, fd_tag(tgid, fd as u16) | FD_CLOSED) };
+    }
+    0
+}
+
+/// A timed call of `tgid` on the fd in `s` took `d`: counted under its file if one of the
+/// fd's set is this process' own.
 #[inline(always)]
 pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce() -> u64) {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
     if unsafe { core::ptr::read_volatile(&RELATIONS_ON) } == 0 || s.fd == FD_UNKNOWN {
         return;
     }
-    let Some(fs) = RELATION_FDS.get_ptr_mut(fd_slot(tgid, s.fd)) else {
-        return;
-    };
     let bytes = bytes();
-    // SAFETY: a map value (see `sys_exit_openat` on a concurrent writer).
-    let (tag, file) = unsafe { (core::ptr::read_volatile(&(*fs).tag), (*fs).file) };
     // Not this fd's slot (opened before pgio attached and not found under the data directory,
     // or another open took the slot): `(other)`, so that the sum over files is the total.
-    let file = if tag == fd_tag(tgid, s.fd) {
-        // SAFETY: this fd's slot.
-        if unsafe { add_to_row(fs, s.series, s.syscall, cache, d, bytes) } {
-            return;
-        }
-        file
-    } else {
-        RelFile::OTHER
+    let file = match slot_of(tgid, s.fd) {
+        // SAFETY: this fd's slot, a map value; a plain store, the last call's end.
+        Some(fs) => unsafe {
+            (*fs).last_ns = s.start_ns + d;
+            if add_to_row(fs, s.series, s.syscall, cache, d, bytes) {
+                return;
+            }
+            (*fs).file
+        },
+        None => RelFile::OTHER,
     };
     let key = RelationKey {
         series: s.series,

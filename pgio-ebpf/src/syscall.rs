@@ -79,12 +79,17 @@ fn cpu() -> Option<*mut CpuSyscall> {
 }
 
 /// The running thread's (tid, tgid), from this CPU's slot: the helper is called once between
-/// two switches, whichever program asks first (the query programs too).
+/// two switches, whichever program asks first (the query and relation programs too).
 #[inline(always)]
-pub(crate) fn current_ids() -> Option<(u32, u32)> {
-    let c = cpu()?;
-    // SAFETY: this CPU's slot (see `cpu`).
-    unsafe { Some(((*c).tid, (*c).tgid)) }
+pub(crate) fn current() -> (u32, u32) {
+    match cpu() {
+        // SAFETY: this CPU's slot (see `cpu`).
+        Some(c) => unsafe { ((*c).tid, (*c).tgid) },
+        None => {
+            let pid_tgid = bpf_get_current_pid_tgid();
+            (pid_tgid as u32, (pid_tgid >> 32) as u32)
+        }
+    }
 }
 
 /// `timed = false`: a futex call that does not wait; it only opens the slot, so that its

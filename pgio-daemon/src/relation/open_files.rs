@@ -16,7 +16,9 @@ use std::{
 };
 
 use aya::maps::{Array, MapData};
-use pgio_common::relation::{FdSlot, PATH_MAX_PARSED, RelFile, fd_slot, fd_tag, parse_path};
+use pgio_common::relation::{
+    FD_WAYS, FdSlot, PATH_MAX_PARSED, RelFile, fd_set, fd_tag, parse_path, pick_way,
+};
 
 /// Fds looked at per process.
 const MAX_FDS: usize = 4096;
@@ -91,11 +93,25 @@ fn tablespaces(pid: u32) -> Vec<Tablespace> {
     read().unwrap_or_default()
 }
 
+/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns` (a slot's `last_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Writes the slots of `pid`'s open files beneath its data directory; returns how many.
-/// `taking` sees each slot before it is written (its rows may hold another fd's counts).
+/// A slot is chosen in its set as the kernel's `openat` does (`pick_way`; `alive`: whether a
+/// process is still tracked). `taking` sees each slot before it is written (its rows may
+/// hold another fd's counts).
 pub fn seed(
     fds: &mut Array<MapData, FdSlot>,
     pid: u32,
+    alive: impl Fn(u32) -> bool,
     mut taking: impl FnMut(&FdSlot),
 ) -> std::io::Result<usize> {
     let data_dir = std::fs::read_link(format!("/proc/{pid}/cwd"))?;
@@ -117,18 +133,24 @@ pub fn seed(
         let Some(file) = file_of(&data_dir, &tablespaces, &link) else {
             continue;
         };
-        let (tag, slot) = (fd_tag(pid, fd), fd_slot(pid, fd));
-        match fds.get(&slot, 0) {
-            Ok(s) if s.tag == tag => continue, // named by the kernel since
-            Ok(s) => taking(&s),
-            Err(_) => {}
+        let (set, tag) = (fd_set(pid, fd), fd_tag(pid, fd));
+        let mut ways = [FdSlot::default(); FD_WAYS as usize];
+        for (way, slot) in (set..).zip(ways.iter_mut()) {
+            *slot = fds.get(&way, 0).unwrap_or_default();
         }
+        let (tags, last) = (ways.map(|s| s.tag), ways.map(|s| s.last_ns));
+        if tags.contains(&tag) {
+            continue; // named by the kernel since
+        }
+        let way = pick_way(&tags, &last, tag, &alive);
+        taking(&ways[way]);
         let named = FdSlot {
             tag,
+            last_ns: monotonic_ns(),
             file,
             ..FdSlot::default()
         };
-        if fds.set(slot, named, 0).is_ok() {
+        if fds.set(set + way as u32, named, 0).is_ok() {
             seeded += 1;
         }
     }

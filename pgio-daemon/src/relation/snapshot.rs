@@ -206,7 +206,7 @@ impl LabelSet for &RelationLabels {
 
 pub static RELATION_IO_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_relation_io_seconds",
-    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster, or, without database, IO the kernel map had no room for), database = the relation's, for files opened while pgio runs; relations = true only, in progress (seconds).",
+    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster, or, without database, IO the kernel map had no room for), database = the relation's (seconds).",
     kind: Kind::Histogram,
 };
 
