@@ -204,7 +204,8 @@ pub const fn is_connection_start(b: &[u8; 8]) -> bool {
     (b[0] == 0 && (protocol_3 || request)) || client_hello
 }
 
-/// `SERVES_CLIENTS`: one bit per series, set for client backends' series.
+/// `SERVES_CLIENTS`: one bit per series, set for client backends' series (and `NAMES_FILES`,
+/// set for PostgreSQL's series: the relation family, the same size).
 pub const SERVES_CLIENTS_WORDS: u32 = crate::CHILD_SERIES_MAX / 64;
 
 crate::abi_size!(QueryKey, 8, 4);

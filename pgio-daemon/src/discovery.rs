@@ -98,7 +98,8 @@ impl Discovery {
             // client backends.
             let children = self.kernel.set_children(id, SeriesId::UNTRACKED);
             let clients = self.kernel.set_serves_clients(id, false);
-            if children.is_err() || clients.is_err() {
+            let files = self.kernel.set_names_files(id, false);
+            if children.is_err() || clients.is_err() || files.is_err() {
                 shared.kernel_map_errors += 1;
             }
         }

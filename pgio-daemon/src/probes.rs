@@ -35,6 +35,7 @@ pub const CORE_MAPS: &[&str] = &[
     tracked_map::TRACKED_MAP,
     series::CHILD_SERIES_MAP,
     series::SERVES_CLIENTS_MAP,
+    series::NAMES_FILES_MAP,
     DROPS_MAP,
     crate::key_owners::SERIES_OWNER_MAP,
     crate::key_quota::ALLOWANCE_MAP,

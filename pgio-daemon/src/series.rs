@@ -14,7 +14,7 @@
 mod kernel;
 mod metrics;
 
-pub use kernel::{CHILD_SERIES_MAP, KernelSeries, SERVES_CLIENTS_MAP};
+pub use kernel::{CHILD_SERIES_MAP, KernelSeries, NAMES_FILES_MAP, SERVES_CLIENTS_MAP};
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, hash_map::RandomState},

@@ -72,7 +72,7 @@ const FILENAME: usize = ARG1;
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
     let (tid, tgid) = syscall::current();
-    if tracked::series_of(tgid).is_none() {
+    if !tracked::series_of(tgid).is_some_and(tracked::names_files) {
         return 0;
     }
     let Some(scratch) = RELATION_PATH.get_ptr_mut(0) else {
@@ -251,7 +251,7 @@ fn slot_of(tgid: u32, fd: u16) -> Option<*mut FdSlot> {
 #[tracepoint]
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     let (_, tgid) = syscall::current();
-    if tracked::series_of(tgid).is_none() {
+    if !tracked::series_of(tgid).is_some_and(tracked::names_files) {
         return 0;
     }
     let fd = field(&ctx, ARG0);
@@ -285,7 +285,9 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
             }
             (*fs).file
         },
-        None => RelFile::OTHER,
+        // Only PostgreSQL's processes have their IO on relations (and `(other)`).
+        None if tracked::names_files(s.series) => RelFile::OTHER,
+        None => return,
     };
     let key = RelationKey {
         series: s.series,

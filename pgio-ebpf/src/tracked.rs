@@ -69,14 +69,28 @@ pub fn set(tgid: u32, series: SeriesId) {
 #[map]
 static SERVES_CLIENTS: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS, 0);
 
+/// One bit per series: set for PostgreSQL's series, whose files the relation family names.
+/// Written by userspace before it books any process under the series.
+#[map]
+static NAMES_FILES: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS, 0);
+
+#[inline(always)]
+fn bit(map: &Array<u64>, series: SeriesId) -> bool {
+    map.get(series.0 / 64)
+        .is_some_and(|w| w & (1 << (series.0 % 64)) != 0)
+}
+
 /// Whether a process of `series` may be the server end of a client connection: a client
 /// backend, or a postmaster's child not classified yet (its first read tells).
 #[inline(always)]
 pub fn serves_clients(series: SeriesId) -> bool {
-    if series.is_provisional() {
-        return true;
-    }
-    SERVES_CLIENTS
-        .get(series.0 / 64)
-        .is_some_and(|w| w & (1 << (series.0 % 64)) != 0)
+    series.is_provisional() || bit(&SERVES_CLIENTS, series)
+}
+
+/// Whether the relation family names the files of a process of `series`: PostgreSQL's
+/// (a postmaster's child not classified yet too). Longhorn's or a rule's processes are not
+/// PostgreSQL's: their calls pay no slot lookup and no `(other)` key.
+#[inline(always)]
+pub fn names_files(series: SeriesId) -> bool {
+    series.is_provisional() || bit(&NAMES_FILES, series)
 }

@@ -116,10 +116,15 @@ impl Discovery {
         }
         let provisional = Classifier::is_provisional(&labels);
         let serves_clients = Classifier::serves_clients(&labels);
+        let names_files = labels.app == "postgres";
         let id = shared.intern(labels, KeyOwner::Pid(pid));
         if let Err(e) = self.kernel.set_serves_clients(id, serves_clients) {
             shared.kernel_map_errors += 1;
             warn!(series = id.0, error = %e, "cannot mark a client-backend series");
+        }
+        if let Err(e) = self.kernel.set_names_files(id, names_files) {
+            shared.kernel_map_errors += 1;
+            warn!(series = id.0, error = %e, "cannot mark a PostgreSQL series");
         }
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.

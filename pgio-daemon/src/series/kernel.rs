@@ -16,22 +16,52 @@ use crate::{
 pub struct KernelSeries {
     tracked: TrackedMap,
     child: Array<MapData, SeriesId>,
-    serves_clients: Array<MapData, u64>,
-    /// What `serves_clients` holds: only changed words are written.
-    serves_clients_words: Vec<u64>,
+    serves_clients: SeriesBits,
+    names_files: SeriesBits,
+}
+
+/// A kernel bitmap with one bit per series, and what it holds: only changed words are
+/// written.
+struct SeriesBits {
+    map: Array<MapData, u64>,
+    words: Vec<u64>,
+}
+
+impl SeriesBits {
+    fn take(ebpf: &mut Ebpf, name: &str) -> Result<SeriesBits> {
+        Ok(SeriesBits {
+            map: take_map(ebpf, name)?,
+            words: vec![0; pgio_common::query::SERVES_CLIENTS_WORDS as usize],
+        })
+    }
+
+    fn set(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
+        let (word, bit) = ((series.0 / 64) as usize, 1u64 << (series.0 % 64));
+        let Some(w) = self.words.get_mut(word) else {
+            return Ok(()); // beyond the series cap: never a tracked id
+        };
+        let new = if on { *w | bit } else { *w & !bit };
+        if new != *w {
+            self.map.set(word as u32, new, 0)?;
+            *w = new;
+        }
+        Ok(())
+    }
 }
 
 pub const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
 /// Bitmap of the series whose processes serve client connections (`pgio_common::query`).
 pub const SERVES_CLIENTS_MAP: &str = "SERVES_CLIENTS";
+/// Bitmap of PostgreSQL's series, whose files the relation family names.
+pub const NAMES_FILES_MAP: &str = "NAMES_FILES";
 
 impl KernelSeries {
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {
         Ok(KernelSeries {
             tracked: TrackedMap::take(ebpf)?,
             child: take_map(ebpf, CHILD_SERIES_MAP)?,
-            serves_clients: take_map(ebpf, SERVES_CLIENTS_MAP)?,
-            serves_clients_words: vec![0; pgio_common::query::SERVES_CLIENTS_WORDS as usize],
+            serves_clients: SeriesBits::take(ebpf, SERVES_CLIENTS_MAP)?,
+            names_files: SeriesBits::take(ebpf, NAMES_FILES_MAP)?,
         })
     }
 
@@ -39,16 +69,13 @@ impl KernelSeries {
     /// queries. Set before any process is booked under it; an id's labels never change while
     /// it lives, and a reused id is set again for its new labels.
     pub fn set_serves_clients(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
-        let (word, bit) = ((series.0 / 64) as usize, 1u64 << (series.0 % 64));
-        let Some(w) = self.serves_clients_words.get_mut(word) else {
-            return Ok(()); // beyond the series cap: never a tracked id
-        };
-        let new = if on { *w | bit } else { *w & !bit };
-        if new != *w {
-            self.serves_clients.set(word as u32, new, 0)?;
-            *w = new;
-        }
-        Ok(())
+        self.serves_clients.set(series, on)
+    }
+
+    /// Whether the relation family names the files of `series`' processes (PostgreSQL's);
+    /// set like `set_serves_clients`.
+    pub fn set_names_files(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
+        self.names_files.set(series, on)
     }
 
     /// Fails for a pid above the map's size (`pid_max` raised after pgio started).
