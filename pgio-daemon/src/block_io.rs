@@ -241,8 +241,8 @@ fn row_key(e: &BlockIoInflight) -> BlockIoKey {
     }
 }
 
-/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
+/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns` (also a relation slot's `last_ns`).
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -250,7 +250,7 @@ fn load_run_with(
     // same pid).
     let load_bin = bins.load.to_str().context("utf-8 path")?;
     let n = calls.to_string();
-    let reopen = if reopen {
+    let reopen_env = if reopen {
         "PGIO_LOAD_REOPEN=1"
     } else {
         "PGIO_LOAD_NO_REOPEN=1"
@@ -258,11 +258,12 @@ fn load_run_with(
     let mut load = LoadProcess::spawn(
         Path::new("env"),
         [
-            reopen, "taskset", "-c", "1", load_bin, "pread", file, &n, "0",
+            reopen_env, "taskset", "-c", "1", load_bin, "pread", file, &n, "0",
         ],
     )?;
     if let Some(d) = tracked_by {
-        d.wait_tracked("bench", "pread")?;
+        // The relations row labels the load as PostgreSQL's (the family follows only those).
+        d.wait_tracked(if reopen { "postgres" } else { "bench" }, "pread")?;
     }
     load.go()?;
     load.wait_done()?;

@@ -93,17 +93,6 @@ fn tablespaces(pid: u32) -> Vec<Tablespace> {
     read().unwrap_or_default()
 }
 
-/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns` (a slot's `last_ns`).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to write; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Writes the slots of `pid`'s open files beneath its data directory; returns how many.
 /// A slot is chosen in its set as the kernel's `openat` does (`pick_way`; `alive`: whether a
 /// process is still tracked). `taking` sees each slot before it is written (its rows may
@@ -146,7 +135,7 @@ pub fn seed(
         taking(&ways[way]);
         let named = FdSlot {
             tag,
-            last_ns: monotonic_ns(),
+            last_ns: crate::block_io::monotonic_ns(),
             file,
             ..FdSlot::default()
         };
