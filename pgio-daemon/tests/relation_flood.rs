@@ -102,16 +102,7 @@ fn ten_thousand_tables_stay_within_the_caps() {
     );
     // Names and places settle within a few passes; IO on files not looked up yet is held
     // back until they are (a few seconds).
-    let syscall_reads = |m: &Metrics| {
-        m.sum(
-            "pgio_syscall_seconds_count",
-            &[
-                ("cluster", cluster.as_str()),
-                ("role", "client backend"),
-                ("syscall", "pread64"),
-            ],
-        )
-    };
+    let syscall_reads = |m: &Metrics| backend_syscall_reads(m, &cluster);
     let backend_reads = |m: &Metrics| backend_relation_reads(m, &cluster);
     let mut after = daemon.scrape();
     wait_until(Duration::from_secs(30), Duration::from_millis(500), || {
@@ -248,16 +239,7 @@ fn many_sessions_keep_their_open_files_named() {
             s.join().expect("a session");
         }
     });
-    let syscall_reads = |m: &Metrics| {
-        m.sum(
-            "pgio_syscall_seconds_count",
-            &[
-                ("cluster", cluster.as_str()),
-                ("role", "client backend"),
-                ("syscall", "pread64"),
-            ],
-        )
-    };
+    let syscall_reads = |m: &Metrics| backend_syscall_reads(m, &cluster);
     let other = |m: &Metrics| {
         m.sum(
             FAMILY,
@@ -296,4 +278,16 @@ fn many_sessions_keep_their_open_files_named() {
     );
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
+}
+
+/// The client backends' `pread64` calls (the syscall family's count).
+fn backend_syscall_reads(m: &Metrics, cluster: &str) -> f64 {
+    m.sum(
+        "pgio_syscall_seconds_count",
+        &[
+            ("cluster", cluster),
+            ("role", "client backend"),
+            ("syscall", "pread64"),
+        ],
+    )
 }
