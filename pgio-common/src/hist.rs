@@ -61,9 +61,43 @@ pub fn slot(v: u64) -> u8 {
     r + 1
 }
 
+/// `slot(v)` for `v >= 1` without a branch (bits smeared right, then counted): the verifier
+/// sees one unknown value, not one constant per path of `slot`'s comparisons, so a program
+/// that keeps several slots and compares them stays small to verify.
+#[inline(always)]
+pub const fn slot_branchless(v: u64) -> u8 {
+    let mut x = v.wrapping_sub(1);
+    x |= x >> 1;
+    x |= x >> 2;
+    x |= x >> 4;
+    x |= x >> 8;
+    x |= x >> 16;
+    x |= x >> 32;
+    x -= (x >> 1) & 0x5555_5555_5555_5555;
+    x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
+    x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    let bits = x.wrapping_mul(0x0101_0101_0101_0101) >> 56;
+    // 64 bits (v above 2^63) go to the top slot, as in `slot`.
+    (bits - (bits >> 6)) as u8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn branchless_slot_is_slot() {
+        let check = |v: u64| assert_eq!(slot_branchless(v), slot(v), "{v}");
+        (1..5000).for_each(check);
+        for b in 0..64 {
+            let p = 1u64 << b;
+            [p - 1, p, p + 1, p.wrapping_mul(3) / 2]
+                .into_iter()
+                .filter(|&v| v >= 1)
+                .for_each(check);
+        }
+        [u64::MAX, u64::MAX - 1, 1 << 63, (1 << 63) + 1].into_iter().for_each(check);
+    }
 
     #[test]
     fn slot_is_ceil_log2() {

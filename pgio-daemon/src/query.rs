@@ -93,7 +93,7 @@ impl Family for QueryFamily {
     }
 
     fn maps(&self) -> &'static [&'static str] {
-        &["QUERY_HIST", "QUERY"]
+        &["QUERY_HIST", "QUERY", "QUERY_RUNS"]
     }
 
     fn globals(&self) -> &'static [&'static str] {

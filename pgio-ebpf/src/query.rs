@@ -5,16 +5,17 @@
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use pgio_common::{
     SeriesId,
     drops::DropReason,
-    hist::{SLOTS, slot},
+    hist::{SLOTS, slot_branchless},
     query::{
-        Pending, Phase, QUERY_SETS, QUERY_WAYS, QUOTA, QueryKey, QueryRow, QueryState, Wire,
-        is_connection_start, is_encrypted, is_ready_for_query,
+        Pending, Phase, QUERY_SETS, QUERY_WAYS, QUOTA, QueryKey, QueryRow, QueryRun, QueryRuns,
+        QueryState, RUN_BASE_UNSET, RUN_CHECK_SWITCHES, RUN_MAX_NS, RUN_SLOTS, RUNS_PER_CPU,
+        Wire, is_connection_start, is_encrypted, is_ready_for_query, run_base, run_index,
     },
 };
 
@@ -42,6 +43,11 @@ static QUERY: Array<QueryState> = Array::with_max_entries(QUERY_SETS * QUERY_WAY
 
 #[map]
 static QUERY_HIST: HashMap<QueryKey, QueryRow> = HashMap::with_max_entries(1_024, 0);
+
+/// This CPU's queries not yet in `QUERY_HIST` (`QueryRun`): per CPU, so counted with plain
+/// adds. Programs that touch it run with preemption off (syscall tracepoints, `sched_switch`).
+#[map]
+static QUERY_RUNS: PerCpuArray<QueryRuns> = PerCpuArray::with_max_entries(1, 0);
 
 /// The way of `tid`'s set that holds its connection.
 #[inline(always)]
@@ -111,69 +117,290 @@ fn row(series: SeriesId, wire: u8) -> Option<*mut QueryRow> {
     hist::row(&QUERY_HIST, &ZERO_ROW, QUOTA, series, &key)
 }
 
-/// One time into a histogram of a row every CPU adds to: its count of 0 ns, its log2 slots
-/// and its sum (`query_id`'s rows too).
+/// A run's counts of metric `m` into a histogram of a row every CPU adds to: its count of
+/// 0 ns, its log2 slots and its sum (`query_id`'s rows too).
 ///
-/// SAFETY: the three point into one map value.
+/// SAFETY: the three point into one map value; `r` is a `QUERY_RUNS` value.
 #[inline(always)]
-pub(crate) unsafe fn observe_into(
+pub(crate) unsafe fn add_run(
     zeros: *mut u64,
     slots: *mut [u64; SLOTS],
     sum: *mut u64,
-    ns: u64,
+    r: *const QueryRun,
+    m: usize,
 ) {
+    let m = m % 3;
     unsafe {
-        if ns == 0 {
-            atomic_add(zeros, 1);
+        let z = (*r).zeros[m];
+        if z != 0 {
+            atomic_add(zeros, z as u64);
+        }
+        let ns = (*r).sum_ns[m];
+        if ns != 0 {
+            atomic_add(sum, ns);
+        }
+        let base = (*r).base[m];
+        if base == RUN_BASE_UNSET {
             return;
         }
-        // The mask proves the index to the verifier; `slot` never exceeds SLOTS - 1.
-        let s = slot(ns) as usize & (SLOTS - 1);
-        atomic_add(&raw mut (*slots)[s], 1);
-        atomic_add(sum, ns);
+        let mut w = 0;
+        while w < RUN_SLOTS {
+            let c = (*r).counts[m][w];
+            if c != 0 {
+                // The mask proves the index to the verifier; `run_base` keeps it below SLOTS.
+                let i = (base as usize + w) & (SLOTS - 1);
+                atomic_add(&raw mut (*slots)[i], c as u64);
+            }
+            w += 1;
+        }
     }
 }
 
-/// One time into metric `m` of a row (`ROW_METRICS` order: duration, io, read miss).
-///
-/// SAFETY: `r` points to a `QUERY_HIST` value.
-#[inline(always)]
-unsafe fn observe(r: *mut QueryRow, m: usize, ns: u64) {
-    unsafe {
-        observe_into(
-            &raw mut (*r).zeros[m],
-            &raw mut (*r).slots[m],
-            &raw mut (*r).sum_ns[m],
+/// One query's times, as a run counts them (`ROW_METRICS` order: duration, io, read miss),
+/// with their log2 slots (0 for 0 ns), worked out once.
+#[derive(Clone, Copy)]
+struct Observed {
+    ns: [u64; 3],
+    slots: [u8; 3],
+    misses: u64,
+    multi_send: bool,
+}
+
+impl Observed {
+    #[inline(always)]
+    fn new(ns: [u64; 3], misses: u64, multi_send: bool) -> Observed {
+        let s = |v: u64| if v == 0 { 0 } else { slot_branchless(v) };
+        Observed {
             ns,
-        );
+            slots: [s(ns[0]), s(ns[1]), s(ns[2])],
+            misses,
+            multi_send,
+        }
     }
 }
 
-/// The query that ran from `s.start_ns` to `end`.
+/// Whether every time of `o` falls in `r`'s windows.
+///
+/// SAFETY: `r` is a `QUERY_RUNS` value.
+#[inline(always)]
+unsafe fn fits(r: *const QueryRun, o: &Observed) -> bool {
+    let mut m = 0;
+    while m < 3 {
+        let s = o.slots[m];
+        // SAFETY: as the caller says.
+        let base = unsafe { (*r).base[m] };
+        if s != 0 && base != RUN_BASE_UNSET && run_index(base, s).is_none() {
+            return false;
+        }
+        m += 1;
+    }
+    true
+}
+
+/// `o` into run `r` (which `fits` it).
+///
+/// SAFETY: `r` is this CPU's `QUERY_RUNS` value.
+#[inline(always)]
+unsafe fn count(r: *mut QueryRun, o: &Observed) {
+    let mut m = 0;
+    while m < 3 {
+        let s = o.slots[m];
+        // SAFETY: as the caller says; only programs on this CPU, one at a time, touch it.
+        unsafe {
+            (*r).sum_ns[m] += o.ns[m];
+            if s == 0 {
+                (*r).zeros[m] += 1;
+            } else {
+                let mut base = (*r).base[m];
+                if base == RUN_BASE_UNSET {
+                    base = run_base(s);
+                    (*r).base[m] = base;
+                }
+                if let Some(w) = run_index(base, s) {
+                    (*r).counts[m][w & (RUN_SLOTS - 1)] += 1;
+                }
+            }
+        }
+        m += 1;
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*r).misses += o.misses;
+        (*r).multi_send += o.multi_send as u32;
+    }
+}
+
+/// Moves run `r` into its rows and frees it.
+///
+/// SAFETY: `r` is this CPU's `QUERY_RUNS` value.
+#[inline(never)]
+unsafe fn flush(r: *mut QueryRun) {
+    // SAFETY: as the caller says.
+    unsafe {
+        let series = (*r).series;
+        // A series retired meanwhile: its id may name another process' labels now.
+        if syscall::generation(series) == (*r).generation {
+            if let Some(row) = row(series, (*r).wire) {
+                add_run(&raw mut (*row).zeros[0], &raw mut (*row).slots[0], &raw mut (*row).sum_ns[0], r, 0);
+                add_run(&raw mut (*row).zeros[1], &raw mut (*row).slots[1], &raw mut (*row).sum_ns[1], r, 1);
+                add_run(&raw mut (*row).zeros[2], &raw mut (*row).slots[2], &raw mut (*row).sum_ns[2], r, 2);
+                if (*r).misses != 0 {
+                    atomic_add(&raw mut (*row).misses, (*r).misses);
+                }
+                if (*r).multi_send != 0 {
+                    atomic_add(&raw mut (*row).multi_send, (*r).multi_send as u64);
+                }
+            }
+            crate::query_id::book_run(series, r);
+        }
+        clear(r);
+    }
+}
+
+/// A free run. Volatile stores: merged into one clear, they become a `memset` subprogram.
+///
+/// SAFETY: `r` is this CPU's `QUERY_RUNS` value.
+#[inline(always)]
+unsafe fn clear(r: *mut QueryRun) {
+    // SAFETY: as the caller says.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*r).first_ns, 0);
+        let mut m = 0;
+        while m < 3 {
+            core::ptr::write_volatile(&raw mut (*r).sum_ns[m], 0);
+            core::ptr::write_volatile(&raw mut (*r).zeros[m], 0);
+            core::ptr::write_volatile(&raw mut (*r).base[m], RUN_BASE_UNSET);
+            let mut w = 0;
+            while w < RUN_SLOTS {
+                core::ptr::write_volatile(&raw mut (*r).counts[m][w], 0);
+                w += 1;
+            }
+            m += 1;
+        }
+        core::ptr::write_volatile(&raw mut (*r).misses, 0);
+        core::ptr::write_volatile(&raw mut (*r).multi_send, 0);
+    }
+}
+
+/// The query that ran from `s.start_ns` to `end`, counted in this CPU's run of its series,
+/// wire and query id (begun, or taken from the run that began longest ago, if none fits).
 ///
 /// SAFETY: `s` points to this thread's `QUERY` value.
 #[inline(always)]
 unsafe fn book_query(series: SeriesId, s: *mut QueryState, end: u64) {
     // SAFETY: as the caller promises; not used past the fields read below.
     let q = unsafe { &*s };
-    let Some(r) = row(series, q.wire) else {
+    let d = end.wrapping_sub(q.start_ns);
+    // IO time is within the query's; the min guards IO done after an encrypted cycle's last
+    // send, which counts in it.
+    let o = Observed::new([d, q.io_ns.min(d), q.miss_ns.min(d)], q.misses, q.sends > 1);
+    let wire = q.wire;
+    // SAFETY: as the caller promises.
+    let (kind, query_id) = unsafe { crate::query_id::current(s) };
+    let Some(runs) = QUERY_RUNS.get_ptr_mut(0) else {
         return;
     };
-    let d = end.wrapping_sub(q.start_ns);
-    // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
+    let generation = syscall::generation(series);
+    // The run of this key, else a free one, else the one begun longest ago.
+    let mut pick = RUNS_PER_CPU;
+    let mut same = false;
+    let mut oldest = 0;
+    let mut oldest_ns = u64::MAX;
+    let mut i = 0;
+    while i < RUNS_PER_CPU {
+        // SAFETY: this CPU's value; programs that touch it run one at a time on it.
+        let (first, key) = unsafe {
+            let r = &raw const (*runs).runs[i];
+            (
+                (*r).first_ns,
+                (*r).series == series
+                    && (*r).generation == generation
+                    && (*r).wire == wire
+                    && (*r).kind == kind
+                    && (*r).query_id == query_id,
+            )
+        };
+        if first != 0 && key {
+            pick = i;
+            same = true;
+            break;
+        }
+        if first == 0 && pick == RUNS_PER_CPU {
+            pick = i;
+        }
+        if first != 0 && first < oldest_ns {
+            oldest_ns = first;
+            oldest = i;
+        }
+        i += 1;
+    }
+    if pick == RUNS_PER_CPU {
+        pick = oldest;
+    }
+    // SAFETY: as above; the mask proves the index.
     unsafe {
-        observe(r, 0, d);
-        // IO time is within the query's; the min guards IO done after an encrypted cycle's
-        // last send, which counts in it.
-        observe(r, 1, q.io_ns.min(d));
-        observe(r, 2, q.miss_ns.min(d));
-        if q.misses != 0 {
-            atomic_add(&raw mut (*r).misses, q.misses);
+        let r = &raw mut (*runs).runs[pick & (RUNS_PER_CPU - 1)];
+        let first = (*r).first_ns;
+        if !(same && end.wrapping_sub(first) < RUN_MAX_NS && fits(r, &o)) {
+            if first != 0 {
+                flush(r);
+            }
+            (*r).first_ns = end.max(1);
+            (*r).series = series;
+            (*r).generation = generation;
+            (*r).wire = wire;
+            (*r).kind = kind;
+            (*r).query_id = query_id;
         }
-        if q.sends > 1 {
-            atomic_add(&raw mut (*r).multi_send, 1);
+        count(r, &o);
+        // A process not classified yet: userspace routes its rows while it knows the tgid.
+        if series.is_provisional() {
+            flush(r);
         }
-        crate::query_id::book(series, s, d);
+    }
+}
+
+/// Called by `sched_switch`: a CPU going idle moves its runs into the rows (nothing else
+/// would until its next query), and a busy one those `RUN_MAX_NS` old, looked at every
+/// `RUN_CHECK_SWITCHES`-th switch.
+#[inline(always)]
+pub fn switched(next_idle: bool) {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    if unsafe { core::ptr::read_volatile(&QUERIES_ON) } == 0 {
+        return;
+    }
+    let Some(runs) = QUERY_RUNS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's value; the syscall programs cannot run while the scheduler does.
+    unsafe {
+        let mut pending = 0;
+        let mut i = 0;
+        while i < RUNS_PER_CPU {
+            pending |= (*runs).runs[i].first_ns;
+            i += 1;
+        }
+        if pending == 0 {
+            return;
+        }
+        let now = if next_idle {
+            u64::MAX
+        } else {
+            (*runs).switches = (*runs).switches.wrapping_add(1);
+            if (*runs).switches % RUN_CHECK_SWITCHES != 0 {
+                return;
+            }
+            bpf_ktime_get_ns()
+        };
+        let mut i = 0;
+        while i < RUNS_PER_CPU {
+            let r = &raw mut (*runs).runs[i];
+            let first = (*r).first_ns;
+            if first != 0 && now.wrapping_sub(first) >= RUN_MAX_NS {
+                flush(r);
+            }
+            i += 1;
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Each timed query booked again under its query id (`pgio_common::query_id` has the rules):
-//! `book` runs where `query` books a query; `forked` and `exited` keep `QUERY_ID_SOURCE`
-//! per process.
+//! `current` reads the id a query is booked under, `book_run` books `query`'s runs under it;
+//! `forked` and `exited` keep `QUERY_ID_SOURCE` per process.
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
@@ -10,7 +10,7 @@ use aya_ebpf::{
 use pgio_common::{
     SeriesId,
     drops::DropReason,
-    query::QueryState,
+    query::{QueryRun, QueryState},
     query_id::{IdKind, IdSource, QUOTA, QueryIdKey, QueryIdRow},
 };
 
@@ -129,49 +129,62 @@ fn row(series: SeriesId, key: &mut QueryIdKey) -> Option<*mut QueryIdRow> {
     r
 }
 
-/// SAFETY: `r` points to a `QUERY_ID_HIST` value.
-#[inline(always)]
-unsafe fn observe(r: *mut QueryIdRow, m: usize, ns: u64) {
-    unsafe {
-        crate::query::observe_into(
-            &raw mut (*r).zeros[m],
-            &raw mut (*r).slots[m],
-            &raw mut (*r).sum_ns[m],
-            ns,
-        );
-    }
-}
-
-/// The query of `s` that took `d` ns, under the id its backend shows.
+/// The id the current query is booked under: `(IdKind, query_id)`.
 ///
 /// SAFETY: `s` points to this thread's `QUERY` value.
 #[inline(always)]
-pub unsafe fn book(series: SeriesId, s: *mut QueryState, d: u64) {
+pub unsafe fn current(s: *mut QueryState) -> (u8, u64) {
     if !on() {
-        return;
+        return (IdKind::Unknown as u8, 0);
     }
     // SAFETY: as the caller promises.
     let (kind, query_id) = unsafe { current_id(s) };
-    // SAFETY: as the caller promises; copies of its counts.
-    let (io_ns, misses, miss_ns) = unsafe { ((*s).io_ns, (*s).misses, (*s).miss_ns) };
+    (kind as u8, query_id)
+}
+
+/// A run of queries (`query`'s `QUERY_RUNS`), booked under its id.
+///
+/// SAFETY: `r` is this CPU's `QUERY_RUNS` value.
+#[inline(always)]
+pub unsafe fn book_run(series: SeriesId, r: *const QueryRun) {
+    if !on() {
+        return;
+    }
     let epoch = QUERY_ID_EPOCH.get(0).copied().unwrap_or(0) as u8 & 1;
+    // SAFETY: as the caller promises.
+    let (kind, query_id, misses, miss_ns) =
+        unsafe { ((*r).kind, (*r).query_id, (*r).misses, (*r).sum_ns[2]) };
     let mut key = QueryIdKey {
         series,
         epoch,
-        kind: kind as u8,
+        kind,
         _pad: 0,
         query_id,
     };
-    let Some(r) = row(series, &mut key) else {
+    let Some(row) = row(series, &mut key) else {
         return;
     };
     // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
     unsafe {
-        observe(r, 0, d);
-        observe(r, 1, io_ns.min(d));
+        crate::query::add_run(
+            &raw mut (*row).zeros[0],
+            &raw mut (*row).slots[0],
+            &raw mut (*row).sum_ns[0],
+            r,
+            0,
+        );
+        crate::query::add_run(
+            &raw mut (*row).zeros[1],
+            &raw mut (*row).slots[1],
+            &raw mut (*row).sum_ns[1],
+            r,
+            1,
+        );
         if misses != 0 {
-            atomic_add(&raw mut (*r).misses, misses);
-            atomic_add(&raw mut (*r).miss_ns, miss_ns.min(d));
+            atomic_add(&raw mut (*row).misses, misses);
+        }
+        if miss_ns != 0 {
+            atomic_add(&raw mut (*row).miss_ns, miss_ns);
         }
     }
 }

@@ -291,9 +291,18 @@ pub fn sys_exit_futex(ctx: TracePointContext) -> u32 {
 
 /// `sched_switch` runs in the context of the thread being switched out (`current` is still
 /// `prev`): a start pending on this CPU is that thread's, and moves into `SYSCALL_SPILLED`;
-/// then the slot forgets who runs.
+/// then the slot forgets who runs. The query family moves this CPU's query runs into their
+/// rows when it goes idle (`next` is the idle task, pid 0) or they are old.
 #[btf_tracepoint(function = "sched_switch")]
-pub fn sched_switch(_ctx: BtfTracePointContext) -> i32 {
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let pid_at = crate::kernel_offsets::offsets().task_pid as u64;
+    let next: u64 = ctx.arg(2);
+    // SAFETY: `next` is a BTF task pointer and the offset a constant of the frozen globals:
+    // a plain load the verifier checks (and guards against faults).
+    let next_idle = pid_at != 0 && next != 0 && unsafe {
+        core::ptr::read_volatile((next + pid_at) as *const i32)
+    } == 0;
+    crate::query::switched(next_idle);
     let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
     };
