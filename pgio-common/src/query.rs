@@ -166,9 +166,8 @@ pub struct QueryRun {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueryRuns {
     pub runs: [QueryRun; RUNS_PER_CPU],
-    /// Switches seen with runs pending: every `RUN_CHECK_SWITCHES`-th reads the clock.
-    pub switches: u32,
-    pub _pad: u32,
+    /// The jiffy from which a switch with runs pending reads the clock again.
+    pub next_check_jiffies: u64,
 }
 
 /// Log2 slots a run keeps per metric: a factor of 2^8 between its shortest and longest query.
@@ -176,7 +175,9 @@ pub const RUN_SLOTS: usize = 8;
 pub const RUNS_PER_CPU: usize = 4;
 /// A run this old is moved into the rows at its CPU's next query of the same key or switch.
 pub const RUN_MAX_NS: u64 = 1_000_000_000;
-pub const RUN_CHECK_SWITCHES: u32 = 16;
+/// Jiffies between two clock reads of a CPU's switches (64 ms at HZ=1000, 640 at 100): the
+/// jiffies counter is a plain load, the clock a read of the clock source.
+pub const RUN_CHECK_JIFFIES: u64 = 64;
 pub const RUN_BASE_UNSET: u8 = u8::MAX;
 
 /// Where a run whose first observation above 0 ns falls in log2 slot `slot` starts its

@@ -503,3 +503,64 @@ fn wait_for_active(pg: &PgCluster) -> String {
     assert!(found, "no active {USER} backend");
     pid
 }
+
+/// Queries wait in their CPU's run (`QUERY_RUNS`) until a query that does not fit, their
+/// CPU going idle, or an age of 1 s. Here the backend shares CPU 0 with a thread that spins
+/// until the query is booked, so CPU 0 never idles and runs nothing else of the key: only
+/// the age check at `sched_switch` can book it, and it must within 1 s and a few switches.
+#[test]
+fn pg15_query_on_a_cpu_that_never_idles() {
+    if !require_root("pg15_query_on_a_cpu_that_never_idles") {
+        return;
+    }
+    let s = setup(15, 56_517);
+    let mut session = s.session();
+    let pid: i32 = s
+        .pg
+        .psql(&format!(
+            "select pid from pg_stat_activity where usename = '{USER}'"
+        ))
+        .expect("backend pid")
+        .parse()
+        .expect("one pid");
+    pin_to_cpu0(pid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            pin_to_cpu0(0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let before = s.daemon.scrape();
+    let started = std::time::Instant::now();
+    session.send("SELECT 1;").expect("send");
+    let booked = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        s.queries(&s.daemon.scrape()) - s.queries(&before) >= 1.0
+    });
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinner.join().expect("spinner");
+    eprintln!("booked {booked} after {took:?} with CPU 0 busy");
+    assert!(booked, "not booked in 10 s while its CPU never idled");
+    assert!(
+        took <= Duration::from_secs(3),
+        "booked after {took:?}: runs are booked at 1 s of age"
+    );
+    let after = s.settle(&before, 1.0);
+    assert_eq!(s.queries(&after) - s.queries(&before), 1.0, "one query");
+}
+
+/// Binds thread or process `pid` (0: the calling thread) to CPU 0.
+fn pin_to_cpu0(pid: i32) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, passed with its size.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(rc, 0, "sched_setaffinity({pid}): {}", std::io::Error::last_os_error());
+}
