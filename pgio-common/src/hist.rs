@@ -96,7 +96,9 @@ mod tests {
                 .filter(|&v| v >= 1)
                 .for_each(check);
         }
-        [u64::MAX, u64::MAX - 1, 1 << 63, (1 << 63) + 1].into_iter().for_each(check);
+        [u64::MAX, u64::MAX - 1, 1 << 63, (1 << 63) + 1]
+            .into_iter()
+            .for_each(check);
     }
 
     #[test]

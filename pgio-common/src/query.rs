@@ -87,11 +87,9 @@ pub const ROW_METRICS: [QueryMetric; 3] = [
     QueryMetric::ReadMiss,
 ];
 
-/// Value of `QUERY_HIST`: every query histogram of one key, so that a query costs one map
-/// lookup (one per metric cost ~150 ns more), and every CPU adds to it atomically. The
-/// counters a query without IO touches come first, together: such a query writes two cache
-/// lines of the row (this head and its duration's slot), which the backends of one series
-/// pass between CPUs.
+/// Value of `QUERY_HIST`: every query histogram of one key, so that a run of queries
+/// (`QueryRun`) costs one map lookup (one per metric cost ~150 ns more), and every CPU adds
+/// to it atomically. The counters a run without IO touches come first, together.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueryRow {
@@ -327,7 +325,10 @@ mod tests {
             let base = run_base(slot);
             assert!(base >= 1, "{slot}");
             assert!(base as usize + RUN_SLOTS <= crate::hist::SLOTS, "{slot}");
-            assert!(run_index(base, slot).is_some(), "{slot}: its own slot is inside");
+            assert!(
+                run_index(base, slot).is_some(),
+                "{slot}: its own slot is inside"
+            );
         }
         assert_eq!(run_index(RUN_BASE_UNSET, 5), None);
         assert_eq!(run_index(10, 9), None);

@@ -515,9 +515,8 @@ fn pg15_query_on_a_cpu_that_never_idles() {
     }
     let s = setup(15, 56_517);
     let mut session = s.session();
-    let pid: i32 = s
-        .pg
-        .psql(&format!(
+    let pid: i32 =
+        s.pg.psql(&format!(
             "select pid from pg_stat_activity where usename = '{USER}'"
         ))
         .expect("backend pid")
@@ -562,5 +561,10 @@ fn pin_to_cpu0(pid: i32) {
         libc::CPU_SET(0, &mut set);
         libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
-    assert_eq!(rc, 0, "sched_setaffinity({pid}): {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "sched_setaffinity({pid}): {}",
+        std::io::Error::last_os_error()
+    );
 }

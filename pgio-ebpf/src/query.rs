@@ -1,7 +1,7 @@
 //! Query time and the IO time inside it, per client backend thread, from its client-socket
 //! syscalls (`pgio_common::query` has the rules): `recvfrom` and `sendto` move the backend's
 //! `Phase`; the syscall exits add their time to the running query (`add_io`). A query ends
-//! as one row update of `QUERY_HIST`.
+//! counted in its CPU's run (`QUERY_RUNS`), which goes into `QUERY_HIST` in one go.
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
@@ -14,8 +14,8 @@ use pgio_common::{
     hist::{SLOTS, slot_branchless},
     query::{
         Pending, Phase, QUERY_SETS, QUERY_WAYS, QUOTA, QueryKey, QueryRow, QueryRun, QueryRuns,
-        QueryState, RUN_BASE_UNSET, RUN_CHECK_JIFFIES, RUN_MAX_NS, RUN_SLOTS, RUNS_PER_CPU,
-        Wire, is_connection_start, is_encrypted, is_ready_for_query, run_base, run_index,
+        QueryState, RUN_BASE_UNSET, RUN_CHECK_JIFFIES, RUN_MAX_NS, RUN_SLOTS, RUNS_PER_CPU, Wire,
+        is_connection_start, is_encrypted, is_ready_for_query, run_base, run_index,
     },
 };
 
@@ -241,9 +241,27 @@ unsafe fn flush(r: *mut QueryRun) {
         // A series retired meanwhile: its id may name another process' labels now.
         if syscall::generation(series) == (*r).generation {
             if let Some(row) = row(series, (*r).wire) {
-                add_run(&raw mut (*row).zeros[0], &raw mut (*row).slots[0], &raw mut (*row).sum_ns[0], r, 0);
-                add_run(&raw mut (*row).zeros[1], &raw mut (*row).slots[1], &raw mut (*row).sum_ns[1], r, 1);
-                add_run(&raw mut (*row).zeros[2], &raw mut (*row).slots[2], &raw mut (*row).sum_ns[2], r, 2);
+                add_run(
+                    &raw mut (*row).zeros[0],
+                    &raw mut (*row).slots[0],
+                    &raw mut (*row).sum_ns[0],
+                    r,
+                    0,
+                );
+                add_run(
+                    &raw mut (*row).zeros[1],
+                    &raw mut (*row).slots[1],
+                    &raw mut (*row).sum_ns[1],
+                    r,
+                    1,
+                );
+                add_run(
+                    &raw mut (*row).zeros[2],
+                    &raw mut (*row).slots[2],
+                    &raw mut (*row).sum_ns[2],
+                    r,
+                    2,
+                );
                 if (*r).misses != 0 {
                     atomic_add(&raw mut (*row).misses, (*r).misses);
                 }

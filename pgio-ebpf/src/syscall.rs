@@ -299,9 +299,9 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let next: u64 = ctx.arg(2);
     // SAFETY: `next` is a BTF task pointer and the offset a constant of the frozen globals:
     // a plain load the verifier checks (and guards against faults).
-    let next_idle = pid_at != 0 && next != 0 && unsafe {
-        core::ptr::read_volatile((next + pid_at) as *const i32)
-    } == 0;
+    let next_idle = pid_at != 0
+        && next != 0
+        && unsafe { core::ptr::read_volatile((next + pid_at) as *const i32) } == 0;
     crate::query::switched(next_idle);
     let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
