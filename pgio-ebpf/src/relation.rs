@@ -273,6 +273,11 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
     if unsafe { core::ptr::read_volatile(&RELATIONS_ON) } == 0 || s.fd == FD_UNKNOWN {
         return;
     }
+    // Only PostgreSQL's processes have their IO on relations (and `(other)`): the others'
+    // calls stop at this bit, before the fd's set is searched.
+    if !tracked::names_files(s.series) {
+        return;
+    }
     let bytes = bytes();
     // Not this fd's slot (opened before pgio attached and not found under the data directory,
     // or another open took the slot): `(other)`, so that the sum over files is the total.
@@ -285,9 +290,7 @@ pub fn add(tgid: u32, s: &SyscallStart, cache: Cache, d: u64, bytes: impl FnOnce
             }
             (*fs).file
         },
-        // Only PostgreSQL's processes have their IO on relations (and `(other)`).
-        None if tracked::names_files(s.series) => RelFile::OTHER,
-        None => return,
+        None => RelFile::OTHER,
     };
     let key = RelationKey {
         series: s.series,
