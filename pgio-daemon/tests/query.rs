@@ -482,7 +482,9 @@ fn pg15_errors_terminations_and_disconnects() {
         "{} queries: 5 errors (and the disconnected pg_sleep)",
         h.count
     );
-    assert_eq!(h.count_le(0.033554432), 5.0, "the errors are fast");
+    // Fast: well under the disconnected pg_sleep(1) (~1 ms each here; one took over 2^25 ns
+    // in the 5.10 guest under TCG, ~16 times slower).
+    assert_eq!(h.count_le(0.134217728), 5.0, "the errors are fast");
     assert!(h.sum < 2.0, "no query of 30 s or more: {} s", h.sum);
     assert_eq!(io.count, h.count);
     s.daemon.stop().expect("daemon stop");
