@@ -590,8 +590,8 @@ pub fn judge(samples: &[SoakSample]) -> Vec<String> {
 mod tests {
     use super::*;
 
-    /// 18 samples 10 s apart whose map keys are `base(t)` plus the churn a soak saw
-    /// (caac4ef, one sample every 10 s: 37 to 279).
+    /// 18 samples 10 s apart whose map keys are `base(t)` plus churn: the first 16 are a
+    /// caac4ef soak's samples (37 to 279) less its least, the last two like them.
     fn samples(base: impl Fn(u64) -> f64) -> Vec<SoakSample> {
         let churn = [
             0.0, 52.0, 9.0, 70.0, 242.0, 183.0, 217.0, 85.0, 176.0, 52.0, 119.0, 83.0, 88.0, 108.0,
