@@ -453,7 +453,9 @@ fn pg15_errors_terminations_and_disconnects() {
     // Disconnected while running: psql is killed; the backend finds out when it answers.
     drop(session);
     let mut session = s.pg.session(DB, USER).expect("psql session");
-    session.send("SELECT pg_sleep(1);").expect("send");
+    // 3 s: the poller's psql takes over 1 s to connect in a 5.10 guest under TCG, and missed
+    // a pg_sleep(1) there.
+    session.send("SELECT pg_sleep(3);").expect("send");
     let pid2 = wait_for_active(&s.pg);
     assert_ne!(pid, pid2);
     drop(session);
@@ -476,16 +478,16 @@ fn pg15_errors_terminations_and_disconnects() {
         "errors/terminate/disconnect: {} queries, {:.4} s; IO {} observations, {:.6} s",
         h.count, h.sum, io.count, io.sum
     );
-    // The disconnected backend may still finish its pg_sleep(1) as a query; nothing else.
+    // The disconnected backend may still finish its pg_sleep(3) as a query; nothing else.
     assert!(
         h.count == 5.0 || h.count == 6.0,
         "{} queries: 5 errors (and the disconnected pg_sleep)",
         h.count
     );
-    // Fast: well under the disconnected pg_sleep(1) (~1 ms each here; one took over 2^25 ns
+    // Fast: well under the disconnected pg_sleep(3) (~1 ms each here; one took over 2^25 ns
     // in the 5.10 guest under TCG, ~16 times slower).
     assert_eq!(h.count_le(0.134217728), 5.0, "the errors are fast");
-    assert!(h.sum < 2.0, "no query of 30 s or more: {} s", h.sum);
+    assert!(h.sum < 5.0, "no query of 30 s or more: {} s", h.sum);
     assert_eq!(io.count, h.count);
     s.daemon.stop().expect("daemon stop");
     s.pg.stop().expect("stop");
