@@ -352,15 +352,12 @@ impl Snapshot for WebSnapshot {
 mod tests {
     use super::*;
 
+    /// Removed with its directory when done, also when the load fails.
     fn load(yaml: &str) -> Result<WebConfig, String> {
-        let dir = std::env::temp_dir().join(format!("pgio-web-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let path = dir.join(format!("web-{}.yml", N.fetch_add(1, Ordering::Relaxed)));
+        let dir = pgio_testkit::temp_dir().map_err(|e| e.to_string())?;
+        let path = dir.path().join("web.yml");
         std::fs::write(&path, yaml).map_err(|e| e.to_string())?;
-        let r = WebConfig::load(&path).map_err(|e| e.to_string());
-        let _ = std::fs::remove_file(&path);
-        r
+        WebConfig::load(&path).map_err(|e| e.to_string())
     }
 
     #[test]
