@@ -1,4 +1,5 @@
-//! The subcommands.
+//! The subcommands that run things: the daemon, its checks, the soak and the test suite
+//! (building is `build`'s).
 
 use std::env;
 use std::os::unix::process::CommandExt;
@@ -8,30 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::build::{build, cargo, daemon_binary, go_bin, setup, timed};
 use crate::util::{describe, fmt_duration, in_ci, is_root, run_quiet, step, target_dir, which};
-use crate::{apt, toolchain};
-
-pub fn setup() -> Result<()> {
-    let started = Instant::now();
-    toolchain::ensure_rust_src()?;
-    let nightly = toolchain::Nightly::detect()?;
-    toolchain::ensure_bpf_linker(&nightly)?;
-    apt::ensure_packages()?;
-    // The container test (pgio-daemon/tests/container.rs) and `cargo xtask image`.
-    apt::ensure(pgio_testkit::podman::PACKAGES)?;
-    report_tracefs();
-    step(format!("setup done in {}", fmt_duration(started.elapsed())));
-    Ok(())
-}
-
-/// Only reported: pgio-daemon mounts tracefs itself when it is missing.
-fn report_tracefs() {
-    if Path::new("/sys/kernel/tracing/events").is_dir() {
-        step("tracefs is mounted at /sys/kernel/tracing");
-    } else {
-        step("tracefs is not mounted at /sys/kernel/tracing; pgio-daemon mounts it itself");
-    }
-}
 
 /// The Go programs (test and check tools): the Longhorn stand-in and deploy-check's Pod
 /// Security checker. `gofmt -l` must list nothing, `go vet` must pass.
@@ -62,60 +41,6 @@ fn go_lint(root: &Path) -> Result<()> {
         timed(&format!("go vet ./... ({rel})"), || run_quiet(&mut vet))?;
     }
     Ok(())
-}
-
-/// `go` on PATH, else Go's default install location.
-pub(crate) fn go_bin() -> Result<std::path::PathBuf> {
-    let on_path = env::var_os("PATH")
-        .map(|p| {
-            env::split_paths(&p)
-                .map(|d| d.join("go"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([std::path::PathBuf::from("/usr/local/go/bin/go")])
-        .find(|p| p.is_file())
-        .context(
-            "no Go toolchain (`go` on PATH or /usr/local/go/bin/go): the Longhorn stand-in the \
-             tests run is Go (longhorn-standin/go.mod says which version)",
-        )
-}
-
-/// `cargo <args>` in the workspace root (so rust-toolchain.toml applies).
-fn cargo(root: &Path) -> Command {
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root);
-    cmd
-}
-
-/// Announce, run and time one step; a failure names the step.
-fn timed(name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
-    let started = Instant::now();
-    step(name);
-    f().with_context(|| format!("step `{name}` failed"))?;
-    step(format!("{name}: ok ({})", fmt_duration(started.elapsed())));
-    Ok(())
-}
-
-fn cargo_step(root: &Path, args: &[&str]) -> Result<()> {
-    let mut cmd = cargo(root);
-    cmd.args(args);
-    timed(&describe(&cmd), || run_quiet(&mut cmd))
-}
-
-pub fn build(root: &Path, release: bool, skip_setup: bool) -> Result<()> {
-    if skip_setup {
-        step("skipping setup (--skip-setup)");
-    } else {
-        setup().context("step `setup` failed")?;
-    }
-    let mut args = vec!["build", "--package", "pgio-daemon"];
-    if release {
-        args.push("--release");
-    }
-    cargo_step(root, &args)
 }
 
 pub fn run_daemon(root: &Path, skip_setup: bool, args: &[String]) -> Result<()> {
@@ -158,50 +83,59 @@ pub fn check(root: &Path, skip_setup: bool) -> Result<()> {
     exec_privileged(root, &bin, &["check".to_owned()])
 }
 
-/// The guest tests `cargo xtask test` runs on Debian's 6.1 (~7 min under TCG on 2 cores).
-const CI_GUEST_TESTS: &[&str] = &[
-    "block_io",
-    "big_node",
-    "syscall",
-    "futex",
-    "postgres",
-    "query_protocols:pg15_",
-    "query_id:pg15_",
-];
+/// The guest tests `cargo xtask test` runs on Debian's 6.1: what only a guest can prove (the
+/// fallback path without `block_io_start`, 128 possible CPUs). The query tests run on the
+/// host in CI; `cargo xtask integration --kernel all` runs every test on every kernel.
+const CI_GUEST_TESTS: &[&str] = &["block_io", "big_node", "syscall", "futex", "postgres"];
 
+/// Every step runs even when one before it failed (one flaky test must not hide the rest);
+/// the run ends with a table of the steps' times and the failures by name.
 pub fn test(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
     let started = Instant::now();
-    let result = test_steps(root, skip_setup, extra);
-    let elapsed = fmt_duration(started.elapsed());
-    match &result {
-        Ok(()) => step(format!("test: all steps passed; total {elapsed}")),
-        Err(_) => step(format!("test: FAILED; total {elapsed}")),
-    }
-    result
-}
-
-fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
+    let mut steps = crate::steps::Steps::default();
     if skip_setup {
         step("skipping setup (--skip-setup)");
-    } else {
-        timed("setup", setup)?;
+    } else if !steps.run("setup", setup) {
+        // Nothing below can run without the toolchain.
+        eprintln!("{}", steps.report(started.elapsed()));
+        bail!("setup failed");
     }
-    cargo_step(root, &["fmt", "--all", "--check"])?;
+    test_steps(root, skip_setup, extra, &mut steps);
+    let elapsed = started.elapsed();
+    eprintln!("\nxtask test: steps\n{}", steps.report(elapsed));
+    if steps.all_passed() {
+        step(format!(
+            "test: all steps passed; total {}",
+            fmt_duration(elapsed)
+        ));
+        Ok(())
+    } else {
+        step(format!("test: FAILED; total {}", fmt_duration(elapsed)));
+        bail!("some steps failed (the table above names them)")
+    }
+}
+
+fn test_steps(root: &Path, skip_setup: bool, extra: &[String], steps: &mut crate::steps::Steps) {
+    let mut fmt = cargo(root);
+    fmt.args(["fmt", "--all", "--check"]);
+    steps.run(&describe(&fmt), || run_quiet(&mut fmt));
     // Default members (pgio-ebpf only builds for the BPF target, through aya-build). The eBPF
     // object is not needed to lint userspace: skip its separate debug-profile build.
     let mut clippy = cargo(root);
     clippy
         .args(["clippy", "--all-targets", "--", "-D", "warnings"])
         .env("AYA_BUILD_SKIP", "1");
-    timed(&describe(&clippy), || run_quiet(&mut clippy))?;
-    go_lint(root)?;
-    timed(
+    steps.run(&describe(&clippy), || run_quiet(&mut clippy));
+    steps.run("gofmt and go vet", || go_lint(root));
+    steps.run(
         "deploy-check (Helm chart and kustomize base, offline)",
         || crate::deploy::check(root),
-    )?;
+    );
 
+    // Every test binary runs, also after one failed: the failures are listed at the end.
     let mut cmd = cargo(root);
-    cmd.args(["test", "--release"]).args(extra);
+    cmd.args(["test", "--release", "--no-fail-fast"])
+        .args(extra);
     const REQUIRE: &str = "PGIO_REQUIRE_ROOT_TESTS";
     if let Some(v) = env::var_os(REQUIRE) {
         step(format!(
@@ -223,41 +157,29 @@ fn test_steps(root: &Path, skip_setup: bool, extra: &[String]) -> Result<()> {
             "not root and CI unset: root-only integration tests may skip ({REQUIRE} unset)"
         ));
     }
-    timed(&describe(&cmd), || run_quiet(&mut cmd))?;
-    if is_root() {
-        // The kernels users run: 6.1 has no `block_io_start`, so this is pgio's fallback
-        // path (the whole matrix: `cargo xtask integration --kernel all`).
-        timed(
-            &format!(
-                "cargo xtask integration --kernel 6.1 --tests {}",
-                CI_GUEST_TESTS.join(",")
-            ),
-            || {
-                crate::integration::integration(
-                    root,
-                    skip_setup,
-                    &crate::integration::ci_options(CI_GUEST_TESTS)?,
-                )
-            },
-        )?;
+    steps.run_tests(&describe(&cmd), &mut cmd);
+    if !is_root() {
+        step("not root: skipping the guest tests and the benchmark smoke run");
+        return;
     }
-    if is_root() {
-        // Benchmarks are not tests, but they must keep running: a smoke run of all of them.
-        timed("cargo xtask bench --quick (smoke)", || {
-            crate::bench::bench(root, &crate::bench::BenchOptions::quick())
-        })
-    } else {
-        step("not root: skipping the benchmark smoke run");
-        Ok(())
-    }
-}
-
-pub(crate) fn daemon_binary(root: &Path) -> Result<std::path::PathBuf> {
-    let bin = target_dir(root).join("release").join("pgio-daemon");
-    if !bin.is_file() {
-        bail!("{} is missing after a successful build", bin.display());
-    }
-    Ok(bin)
+    // The kernels users run: 6.1 has no `block_io_start`, so this is pgio's fallback path.
+    steps.run(
+        &format!(
+            "cargo xtask integration --kernel 6.1 --tests {}",
+            CI_GUEST_TESTS.join(",")
+        ),
+        || {
+            crate::integration::integration(
+                root,
+                skip_setup,
+                &crate::integration::ci_options(CI_GUEST_TESTS)?,
+            )
+        },
+    );
+    // Benchmarks are not tests, but they must keep running: a smoke run of all of them.
+    steps.run("cargo xtask bench --quick (smoke)", || {
+        crate::bench::bench(root, &crate::bench::BenchOptions::quick())
+    });
 }
 
 /// Replace this process with the daemon, as root: directly when root, else through `sudo -E`.

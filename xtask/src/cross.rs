@@ -141,7 +141,7 @@ pub fn build_daemon(root: &Path, arch: Arch) -> Result<PathBuf> {
 pub fn build_longhorn_standin(root: &Path, arch: Arch) -> Result<PathBuf> {
     let out = target_dir(root).join("longhorn-standin").join(arch.name());
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let go = crate::commands::go_bin()?;
+    let go = crate::build::go_bin()?;
     let mut c = Command::new(go);
     c.current_dir(root.join("longhorn-standin"))
         .args(["build", "-buildvcs=false", "-o"])

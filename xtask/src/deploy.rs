@@ -283,7 +283,7 @@ fn ensure_go_tool(tools: &Path, t: &GoTool) -> Result<PathBuf> {
         step(format!("{} {}: {}", t.name, t.version, bin.display()));
         return Ok(bin);
     }
-    let go = crate::commands::go_bin()?;
+    let go = crate::build::go_bin()?;
     let staging = tools.join(format!(".{}-{}.partial", t.name, t.version));
     remove_if_exists(&staging)?;
     make_dir(&staging)?;

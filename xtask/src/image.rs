@@ -20,13 +20,13 @@ use pgio_testkit::podman;
 
 use crate::cross::{self, Arch};
 use crate::util::{fmt_duration, output, run, step, target_dir};
-use crate::{apt, commands};
+use crate::{apt, build};
 
 /// Where the SBOM sits in the image.
 const SBOM_IN_IMAGE: &str = "/usr/share/doc/pgio/sbom.spdx.json";
 
 pub fn image(root: &Path, skip_setup: bool) -> Result<()> {
-    commands::build(root, true, skip_setup)?;
+    build::build(root, true, skip_setup)?;
     if !skip_setup {
         apt::ensure(podman::PACKAGES)?;
         apt::ensure(&["file"])?;
@@ -37,7 +37,7 @@ pub fn image(root: &Path, skip_setup: bool) -> Result<()> {
             podman::PACKAGES.join(" ")
         );
     }
-    let host_bin = commands::daemon_binary(root)?;
+    let host_bin = build::daemon_binary(root)?;
     let version = daemon_version(&host_bin)?;
     let out = target_dir(root).join("image");
     let containerfile = root.join("deploy").join("image").join("Containerfile");

@@ -261,7 +261,7 @@ pub fn integration(root: &Path, skip_setup: bool, opts: &Options) -> Result<()> 
         crate::apt::ensure(HOST_PACKAGES)?;
         crate::apt::ensure(&[guest.qemu_package])?;
     }
-    crate::commands::build(root, true, skip_setup)?;
+    crate::build::build(root, true, skip_setup)?;
     cross::ensure(opts.arch, skip_setup)?;
     let host = host_build(root, opts)?;
     let base = target_dir(root).join("integration");
@@ -409,7 +409,7 @@ fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
     }
     let (daemon, load) = if arch.is_host() {
         (
-            crate::commands::daemon_binary(root)?,
+            crate::build::daemon_binary(root)?,
             target.join("release").join("pgio-load"),
         )
     } else {

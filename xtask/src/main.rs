@@ -5,12 +5,14 @@
 
 mod apt;
 mod bench;
+mod build;
 mod commands;
 mod cross;
 mod deploy;
 mod image;
 mod integration;
 mod sbom;
+mod steps;
 mod toolchain;
 mod util;
 
@@ -182,8 +184,8 @@ fn real_main() -> Result<()> {
     let root = workspace_root()?;
     util::ensure_cargo_bin_on_path()?;
     match cli.command {
-        Cmd::Setup => commands::setup(),
-        Cmd::Build { release, setup } => commands::build(&root, release, setup.skip_setup),
+        Cmd::Setup => build::setup(),
+        Cmd::Build { release, setup } => build::build(&root, release, setup.skip_setup),
         Cmd::Run { setup, args } => commands::run_daemon(&root, setup.skip_setup, &args),
         Cmd::Test { setup, args } => commands::test(&root, setup.skip_setup, &args),
         Cmd::Check { setup } => commands::check(&root, setup.skip_setup),
@@ -236,7 +238,7 @@ fn real_main() -> Result<()> {
             switched_secs,
         } => {
             if !setup.skip_setup {
-                commands::setup()?;
+                build::setup()?;
                 if let Err(e) = apt::ensure(&["bpftrace"]) {
                     util::step(format!(
                         "bpftrace unavailable ({e:#}): its column is left out"

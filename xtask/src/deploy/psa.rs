@@ -97,7 +97,7 @@ fn ensure_built(p: &Paths) -> Result<PathBuf> {
     let staging = p.tools.join(".psa-check.partial");
     remove_if_exists(&staging)?;
     make_dir(&staging)?;
-    let mut cmd = Command::new(crate::commands::go_bin()?);
+    let mut cmd = Command::new(crate::build::go_bin()?);
     cmd.args(["build", "-trimpath", "-o"])
         .arg(staging.join("psa-check"))
         .arg(".")
