@@ -5,7 +5,13 @@
 //! only for the same (series, syscall or device, slot) on two CPUs at once. A new key costs
 //! one of its owner's allowance (`key_quota`).
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap};
-use pgio_common::{SeriesId, drops::DropReason, hist::Bucket, key_quota::QuotaMap};
+use pgio_common::{
+    SeriesId,
+    drops::DropReason,
+    hist::{Bucket, SLOTS},
+    key_quota::QuotaMap,
+    query::{QueryRun, RUN_BASE_UNSET, RUN_SLOTS},
+};
 
 use crate::{atomic::atomic_add, drops, key_quota};
 
@@ -110,4 +116,43 @@ pub fn row<K, V>(
         drops::count(DropReason::HistFull);
     }
     r
+}
+
+/// A run's counts of metric `m` into a histogram of a row every CPU adds to: its count of
+/// 0 ns, its log2 slots and its sum (`query`'s and `query_id`'s rows).
+///
+/// SAFETY: the three point into one map value; `r` is a `QUERY_RUNS` value.
+#[inline(always)]
+pub unsafe fn add_run(
+    zeros: *mut u64,
+    slots: *mut [u64; SLOTS],
+    sum: *mut u64,
+    r: *const QueryRun,
+    m: usize,
+) {
+    let m = m % 3;
+    unsafe {
+        let z = (*r).zeros[m];
+        if z != 0 {
+            atomic_add(zeros, z as u64);
+        }
+        let ns = (*r).sum_ns[m];
+        if ns != 0 {
+            atomic_add(sum, ns);
+        }
+        let base = (*r).base[m];
+        if base == RUN_BASE_UNSET {
+            return;
+        }
+        let mut w = 0;
+        while w < RUN_SLOTS {
+            let c = (*r).counts[m][w];
+            if c != 0 {
+                // The mask proves the index to the verifier; `run_base` keeps it below SLOTS.
+                let i = (base as usize + w) & (SLOTS - 1);
+                atomic_add(&raw mut (*slots)[i], c as u64);
+            }
+            w += 1;
+        }
+    }
 }

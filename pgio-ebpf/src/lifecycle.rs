@@ -1,14 +1,15 @@
 //! Process lifecycle → ring buffer → userspace discovery. Only events userspace acts on:
 //! forks of tracked processes, every exec, exits of tracked processes, and a provisional
 //! process' first titles (at most `TITLES_PER_PROCESS` each, so one process cannot flood the
-//! ring that carries everyone's fork and exit).
+//! ring that carries everyone's fork and exit). The fork and exit programs are in the hook
+//! table (`hooks`): other families ride on them.
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes,
         generated::bpf_get_current_task,
     },
-    macros::{btf_tracepoint, map, tracepoint, uretprobe},
+    macros::{map, tracepoint, uretprobe},
     maps::{LruHashMap, RingBuf},
     programs::{BtfTracePointContext, RetProbeContext, TracePointContext},
 };
@@ -21,7 +22,7 @@ use pgio_common::{
     },
 };
 
-use crate::{drops, kernel_offsets::offsets, query, query_id, relation, syscall, tracked};
+use crate::{drops, kernel_offsets::offsets, tracked};
 
 #[map]
 static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_RING_BYTES, 0);
@@ -66,12 +67,11 @@ fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: SeriesId) {
 /// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`, in the
 /// parent's context, before the child first runs: the child gets its series now (the
 /// parent's, or its own provisional one), so its first syscalls are already counted.
-#[btf_tracepoint(function = "sched_process_fork")]
-pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+/// Returns (parent, child) tgids for a new process of a tracked parent.
+#[inline(always)]
+pub fn forked(ctx: &BtfTracePointContext) -> Option<(u32, u32)> {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let Some(series) = tracked::series_of(parent_tgid) else {
-        return 0;
-    };
+    let series = tracked::series_of(parent_tgid)?;
     let child: u64 = ctx.arg(1);
     let off = offsets();
     let (pid, tgid) = unsafe {
@@ -81,18 +81,17 @@ pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
         )
     };
     let (Ok(pid), Ok(tgid)) = (pid, tgid) else {
-        return 0;
+        return None;
     };
     if pid != tgid {
-        return 0; // a new thread: it is looked up by its tgid already
+        return None; // a new thread: it is looked up by its tgid already
     }
     let series = tracked::child_series_of(series, tgid as u32);
     tracked::set(tgid as u32, series);
-    query_id::forked(parent_tgid, tgid as u32);
     // A new process: a reused pid does not inherit the last holder's spent title budget.
     let _ = TITLES_SENT.remove(tgid as u32);
     emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
-    0
+    Some((parent_tgid, tgid as u32))
 }
 
 #[tracepoint]
@@ -102,26 +101,15 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Fires for every exiting thread; the process is gone when its leader exits.
-#[tracepoint]
-pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    // Every thread, tracked or not: its process may have been untracked mid-call.
-    syscall::thread_exit(tid);
-    query::thread_exit(tid);
-    relation::thread_exit(tid);
-    if tid != tgid {
-        return 0;
-    }
-    query_id::exited(tgid);
+/// A process' exit (its leader's, from `sched_process_exit`): untracked, and told.
+#[inline(always)]
+pub fn process_exited(tgid: u32) {
     let Some(series) = tracked::series_of(tgid) else {
-        return 0;
+        return;
     };
     tracked::set(tgid, SeriesId::UNTRACKED);
     let _ = TITLES_SENT.remove(tgid);
     emit(LifecycleKind::Exit, tgid, 0, series);
-    0
 }
 
 /// Return of PostgreSQL's `init_ps_display()`: the process has just written its title over

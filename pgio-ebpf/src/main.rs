@@ -11,6 +11,7 @@ mod block_io;
 mod drops;
 mod floor;
 mod hist;
+mod hooks;
 mod kernel_offsets;
 mod key_quota;
 mod lifecycle;
@@ -19,6 +20,7 @@ mod query_id;
 mod relation;
 mod sys_record;
 mod syscall;
+mod thread;
 mod tracked;
 
 #[cfg(not(test))]

@@ -11,7 +11,7 @@ use aya_ebpf::{
 use pgio_common::{
     SeriesId,
     drops::DropReason,
-    hist::{SLOTS, slot_branchless},
+    hist::slot_branchless,
     query::{
         Pending, Phase, QUERY_SETS, QUERY_WAYS, QUOTA, QueryKey, QueryRow, QueryRun, QueryRuns,
         QueryState, RUN_BASE_UNSET, RUN_CHECK_JIFFIES, RUN_MAX_NS, RUN_SLOTS, RUNS_PER_CPU, Wire,
@@ -23,7 +23,7 @@ use crate::{
     atomic::atomic_add,
     drops, hist,
     sys_record::{ARG0, ARG1, ARG2, RET, field},
-    syscall, tracked,
+    thread, tracked,
 };
 
 /// `queries` from the config, written by userspace at load. The verifier sees the constant:
@@ -117,45 +117,6 @@ fn row(series: SeriesId, wire: u8) -> Option<*mut QueryRow> {
     hist::row(&QUERY_HIST, &ZERO_ROW, QUOTA, series, &key)
 }
 
-/// A run's counts of metric `m` into a histogram of a row every CPU adds to: its count of
-/// 0 ns, its log2 slots and its sum (`query_id`'s rows too).
-///
-/// SAFETY: the three point into one map value; `r` is a `QUERY_RUNS` value.
-#[inline(always)]
-pub(crate) unsafe fn add_run(
-    zeros: *mut u64,
-    slots: *mut [u64; SLOTS],
-    sum: *mut u64,
-    r: *const QueryRun,
-    m: usize,
-) {
-    let m = m % 3;
-    unsafe {
-        let z = (*r).zeros[m];
-        if z != 0 {
-            atomic_add(zeros, z as u64);
-        }
-        let ns = (*r).sum_ns[m];
-        if ns != 0 {
-            atomic_add(sum, ns);
-        }
-        let base = (*r).base[m];
-        if base == RUN_BASE_UNSET {
-            return;
-        }
-        let mut w = 0;
-        while w < RUN_SLOTS {
-            let c = (*r).counts[m][w];
-            if c != 0 {
-                // The mask proves the index to the verifier; `run_base` keeps it below SLOTS.
-                let i = (base as usize + w) & (SLOTS - 1);
-                atomic_add(&raw mut (*slots)[i], c as u64);
-            }
-            w += 1;
-        }
-    }
-}
-
 /// One query's times, as a run counts them (`ROW_METRICS` order: duration, io, read miss),
 /// with their log2 slots (0 for 0 ns), worked out once.
 #[derive(Clone, Copy)]
@@ -239,23 +200,23 @@ unsafe fn flush(r: *mut QueryRun) {
     unsafe {
         let series = (*r).series;
         // A series retired meanwhile: its id may name another process' labels now.
-        if syscall::generation(series) == (*r).generation {
+        if tracked::generation(series) == (*r).generation {
             if let Some(row) = row(series, (*r).wire) {
-                add_run(
+                hist::add_run(
                     &raw mut (*row).zeros[0],
                     &raw mut (*row).slots[0],
                     &raw mut (*row).sum_ns[0],
                     r,
                     0,
                 );
-                add_run(
+                hist::add_run(
                     &raw mut (*row).zeros[1],
                     &raw mut (*row).slots[1],
                     &raw mut (*row).sum_ns[1],
                     r,
                     1,
                 );
-                add_run(
+                hist::add_run(
                     &raw mut (*row).zeros[2],
                     &raw mut (*row).slots[2],
                     &raw mut (*row).sum_ns[2],
@@ -318,7 +279,7 @@ unsafe fn book_query(series: SeriesId, s: *mut QueryState, end: u64) {
     let Some(runs) = QUERY_RUNS.get_ptr_mut(0) else {
         return;
     };
-    let generation = syscall::generation(series);
+    let generation = tracked::generation(series);
     // The run of this key, else a free one, else the one begun longest ago.
     let mut pick = RUNS_PER_CPU;
     let mut same = false;
@@ -563,7 +524,7 @@ fn free(s: *mut QueryState) {
 /// `recvfrom(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = syscall::current();
+    let (tid, tgid) = thread::current();
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -578,7 +539,7 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
 /// backend is about to wait for one).
 #[tracepoint]
 pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = syscall::current();
+    let (tid, tgid) = thread::current();
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -650,7 +611,7 @@ unsafe fn read_first(s: *mut QueryState, series: SeriesId, buf: u64, ret: i64) {
 /// `sendto(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = syscall::current();
+    let (tid, tgid) = thread::current();
     if tracked::series_of(tgid).is_none() {
         return 0;
     }
@@ -665,7 +626,7 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
 /// plain one, whether the send ended with ReadyForQuery: the end of a query.
 #[tracepoint]
 pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = syscall::current();
+    let (tid, tgid) = thread::current();
     let Some(series) = tracked::series_of(tgid) else {
         return 0;
     };
@@ -751,7 +712,7 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
 /// `io_method = worker` an io worker performs (no IO syscall of the backend's own).
 #[uprobe]
 pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
-    let Some(q) = find(syscall::current().0) else {
+    let Some(q) = find(thread::current().0) else {
         return 0;
     };
     // SAFETY: a map value; only this thread's programs touch its way.
@@ -766,7 +727,7 @@ pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
 /// Its return: the wait is IO time of the running query.
 #[uretprobe]
 pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
-    let Some(q) = find(syscall::current().0) else {
+    let Some(q) = find(thread::current().0) else {
         return 0;
     };
     // SAFETY: a map value; only this thread's programs touch its way.

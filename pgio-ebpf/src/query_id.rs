@@ -166,14 +166,14 @@ pub unsafe fn book_run(series: SeriesId, r: *const QueryRun) {
     };
     // SAFETY: a map value, valid while the program runs; other CPUs add to it too.
     unsafe {
-        crate::query::add_run(
+        crate::hist::add_run(
             &raw mut (*row).zeros[0],
             &raw mut (*row).slots[0],
             &raw mut (*row).sum_ns[0],
             r,
             0,
         );
-        crate::query::add_run(
+        crate::hist::add_run(
             &raw mut (*row).zeros[1],
             &raw mut (*row).slots[1],
             &raw mut (*row).sum_ns[1],

@@ -29,8 +29,8 @@ use crate::{
     atomic::atomic_add,
     drops, hist,
     sys_record::{ARG0, ARG1, RET, field},
-    syscall::{self, generation},
-    tracked,
+    thread,
+    tracked::{self, generation},
 };
 
 /// `relations` from the config, written by userspace at load: with it off the verifier
@@ -71,7 +71,7 @@ const FILENAME: usize = ARG1;
 /// A tracked process opens a file: what its path names waits for the call's fd.
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = syscall::current();
+    let (tid, tgid) = thread::current();
     if !tracked::series_of(tgid).is_some_and(tracked::names_files) {
         return 0;
     }
@@ -103,7 +103,7 @@ pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
 /// a reused fd never keeps an earlier file's name).
 #[tracepoint]
 pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = syscall::current();
+    let (tid, tgid) = thread::current();
     // Nearly every `openat` on a node is an untracked process': an array lookup spares it the
     // hash's. One untracked mid-call leaves its entry to the LRU.
     if tracked::series_of(tgid).is_none() {
@@ -250,7 +250,7 @@ fn slot_of(tgid: u32, fd: u16) -> Option<*mut FdSlot> {
 /// and a process opening files by the thousand pushed out others' idle but open ones.
 #[tracepoint]
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
-    let (_, tgid) = syscall::current();
+    let (_, tgid) = thread::current();
     if !tracked::series_of(tgid).is_some_and(tracked::names_files) {
         return 0;
     }

@@ -1,20 +1,18 @@
 //! Syscall latency, enter → exit of the same thread, for tracked processes only.
 //!
-//! The start of a call waits in its CPU's `SYSCALL_CPU` slot: a cached read neither blocks
-//! nor is preempted, so its exit finds it there with an array lookup. When the scheduler
-//! switches a thread out mid-call (`sched_switch`), its start moves into `SYSCALL_SPILLED`,
-//! keyed by thread id, where the exit looks on any CPU. The slot also keeps the running
-//! thread's ids from the first program that asked for them until the next switch, so a
-//! thread that is not switched out between its calls (a cached read loop) pays the helper
-//! call once, not in every program.
+//! The start of a call waits in its CPU's slot (`thread`): a cached read neither blocks nor
+//! is preempted, so its exit finds it there with an array lookup. When the scheduler switches
+//! a thread out mid-call (`switched_out`), its start moves into `SYSCALL_SPILLED`, keyed by
+//! thread id, where the exit looks on any CPU. The IO syscalls' exit programs are in the hook
+//! table (`hooks`): other families ride on them.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{btf_tracepoint, map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray},
-    programs::{BtfTracePointContext, TracePointContext},
+    helpers::bpf_ktime_get_ns,
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::TracePointContext,
 };
 use pgio_common::{
-    CHILD_SERIES_MAX, SeriesId,
+    CHILD_SERIES_MAX,
     drops::DropReason,
     hist::{Bucket, SLOTS, slot},
     relation::FD_UNKNOWN,
@@ -25,14 +23,11 @@ use pgio_common::{
 };
 
 use crate::{
-    drops, hist, query, relation,
+    drops, hist,
     sys_record::{ARG0, ARG1, RET, field},
-    tracked,
+    thread,
+    tracked::{self, generation},
 };
-
-/// The tracked syscall in progress on this CPU.
-#[map]
-static SYSCALL_CPU: PerCpuArray<CpuSyscall> = PerCpuArray::with_max_entries(1, 0);
 
 /// Starts of calls whose thread was switched out before their exit, by thread id.
 /// Preallocated (the default for hash maps): `sched_switch` runs under the runqueue lock,
@@ -57,50 +52,15 @@ static SYSCALL_ROWS_MAP: PerCpuArray<SyscallRow> = PerCpuArray::with_max_entries
 #[unsafe(no_mangle)]
 static SYSCALL_ROWS_N: u32 = SYSCALL_ROWS;
 
-/// `series → generation`, moved on by userspace when it frees the id: rows tagged with an
-/// older generation are stale and may be reclaimed.
-#[map]
-static SYSCALL_ROW_GEN: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
-
-/// This CPU's slot, with its running thread's ids filled in: asked of the kernel by the first
-/// program that needs them since the last switch.
-#[inline(always)]
-fn cpu() -> Option<*mut CpuSyscall> {
-    let c = SYSCALL_CPU.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot; syscall and scheduler programs on one CPU do not nest.
-    unsafe {
-        if (*c).tid == 0 {
-            let pid_tgid = bpf_get_current_pid_tgid();
-            (*c).tid = pid_tgid as u32;
-            (*c).tgid = (pid_tgid >> 32) as u32;
-        }
-    }
-    Some(c)
-}
-
-/// The running thread's (tid, tgid), from this CPU's slot: the helper is called once between
-/// two switches, whichever program asks first (the query and relation programs too).
-#[inline(always)]
-pub(crate) fn current() -> (u32, u32) {
-    match cpu() {
-        // SAFETY: this CPU's slot (see `cpu`).
-        Some(c) => unsafe { ((*c).tid, (*c).tgid) },
-        None => {
-            let pid_tgid = bpf_get_current_pid_tgid();
-            (pid_tgid as u32, (pid_tgid >> 32) as u32)
-        }
-    }
-}
-
 /// `timed = false`: a futex call that does not wait; it only opens the slot, so that its
 /// exit knows there is nothing to look up.
 /// `fd`: the call's file descriptor, asked only of a tracked process' call.
 #[inline(always)]
 fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
-    let Some(c) = cpu() else {
+    let Some(c) = thread::slot() else {
         return 0;
     };
-    // SAFETY: this CPU's slot (see `cpu`). Anything pending in it is this thread's own call
+    // SAFETY: this CPU's slot (see `thread::slot`). Anything pending in it is this thread's own call
     // whose exit was missed (pgio attached mid-call): another thread's would have been
     // moved out at the switch.
     unsafe {
@@ -123,7 +83,7 @@ fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
 /// since its enter, or else from the spilled ones. `None`: nothing to time.
 #[inline(always)]
 fn take_start(c: *mut CpuSyscall) -> Option<SyscallStart> {
-    // SAFETY: this CPU's slot (see `cpu`).
+    // SAFETY: this CPU's slot (see `thread::slot`).
     unsafe {
         if (*c).open != 0 {
             (*c).open = 0;
@@ -139,16 +99,38 @@ fn take_start(c: *mut CpuSyscall) -> Option<SyscallStart> {
     }
 }
 
+/// A timed IO syscall (not a wait) of a tracked thread that returned: what the families that
+/// ride on its exit (`hooks`) are given.
+pub struct IoExit {
+    pub syscall: Syscall,
+    pub tid: u32,
+    pub tgid: u32,
+    pub start: SyscallStart,
+    pub cache: Cache,
+    /// Exit minus enter.
+    pub ns: u64,
+}
+
+impl IoExit {
+    /// Bytes moved (0 for a sync; an error counts its time only), read only when counted.
+    #[inline(always)]
+    pub fn bytes(&self, ctx: &TracePointContext) -> u64 {
+        let ret = field(ctx, RET) as i64;
+        if ret > 0 && self.syscall.moves_bytes() {
+            ret as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// Books the call's latency; `Some` for an IO call, whose exit other families ride on.
 #[inline(always)]
-fn exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
-    let Some(c) = cpu() else {
-        return 0;
-    };
-    let Some(s) = take_start(c) else {
-        return 0;
-    };
+pub fn exit(sc: Syscall) -> Option<IoExit> {
+    let c = thread::slot()?;
+    let s = take_start(c)?;
     if s.syscall != sc as u8 {
-        return 0; // enter of another syscall whose exit we missed (attached mid-call)
+        return None; // enter of another syscall whose exit we missed (attached mid-call)
     }
     let d = unsafe { bpf_ktime_get_ns() }.wrapping_sub(s.start_ns);
     let cache = if !sc.is_read() {
@@ -168,20 +150,19 @@ fn exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
     if !add_to_row(&key, d) {
         hist::add(&SYSCALL_HIST, QUOTA, s.series, &key, d, 0);
     }
-    if !sc.is_wait() {
-        query::add_io(unsafe { (*c).tid }, d, cache == Cache::Miss);
-        // Bytes moved (0 for a sync; an error counts its time only), read only when counted.
-        let bytes = || {
-            let ret = field(ctx, RET) as i64;
-            if ret > 0 && sc.moves_bytes() {
-                ret as u64
-            } else {
-                0
-            }
-        };
-        relation::add(unsafe { (*c).tgid }, &s, cache, d, bytes);
+    if sc.is_wait() {
+        return None;
     }
-    0
+    // SAFETY: this CPU's slot (see `thread::slot`).
+    let (tid, tgid) = unsafe { ((*c).tid, (*c).tgid) };
+    Some(IoExit {
+        syscall: sc,
+        tid,
+        tgid,
+        start: s,
+        cache,
+        ns: d,
+    })
 }
 
 /// The call's fd as the relation family keeps it.
@@ -193,11 +174,6 @@ fn fd_arg(ctx: &TracePointContext) -> u16 {
     } else {
         FD_UNKNOWN
     }
-}
-
-#[inline(always)]
-pub(crate) fn generation(series: SeriesId) -> u32 {
-    SYSCALL_ROW_GEN.get(series.0).map_or(0, |g| *g)
 }
 
 /// Counts `d` in the key's row if the row is free, its own, or stale; `false`: another
@@ -243,15 +219,11 @@ fn add_to_row(key: &SyscallKey, d: u64) -> bool {
     true
 }
 
-macro_rules! syscall_probes {
-    ($($sc:expr, $fd:ident => $enter:ident, $exit:ident;)*) => {$(
+macro_rules! syscall_enters {
+    ($($sc:expr, $fd:ident => $enter:ident;)*) => {$(
         #[tracepoint]
         pub fn $enter(ctx: TracePointContext) -> u32 {
             enter($sc, true, || $fd(&ctx))
-        }
-        #[tracepoint]
-        pub fn $exit(ctx: TracePointContext) -> u32 {
-            exit(&ctx, $sc)
         }
     )*};
 }
@@ -262,17 +234,25 @@ fn no_fd(_ctx: &TracePointContext) -> u16 {
     FD_UNKNOWN
 }
 
-syscall_probes! {
-    Syscall::Pread64, fd_arg => sys_enter_pread64, sys_exit_pread64;
-    Syscall::Preadv, fd_arg => sys_enter_preadv, sys_exit_preadv;
-    Syscall::Preadv2, fd_arg => sys_enter_preadv2, sys_exit_preadv2;
-    Syscall::Pwrite64, fd_arg => sys_enter_pwrite64, sys_exit_pwrite64;
-    Syscall::Pwritev, fd_arg => sys_enter_pwritev, sys_exit_pwritev;
-    Syscall::Pwritev2, fd_arg => sys_enter_pwritev2, sys_exit_pwritev2;
-    Syscall::Fsync, fd_arg => sys_enter_fsync, sys_exit_fsync;
-    Syscall::Fdatasync, fd_arg => sys_enter_fdatasync, sys_exit_fdatasync;
-    Syscall::IoUringEnter, no_fd => sys_enter_io_uring_enter, sys_exit_io_uring_enter;
-    Syscall::FutexWaitv, no_fd => sys_enter_futex_waitv, sys_exit_futex_waitv;
+// Their exits: `hooks::io_syscall_exits`.
+syscall_enters! {
+    Syscall::Pread64, fd_arg => sys_enter_pread64;
+    Syscall::Preadv, fd_arg => sys_enter_preadv;
+    Syscall::Preadv2, fd_arg => sys_enter_preadv2;
+    Syscall::Pwrite64, fd_arg => sys_enter_pwrite64;
+    Syscall::Pwritev, fd_arg => sys_enter_pwritev;
+    Syscall::Pwritev2, fd_arg => sys_enter_pwritev2;
+    Syscall::Fsync, fd_arg => sys_enter_fsync;
+    Syscall::Fdatasync, fd_arg => sys_enter_fdatasync;
+    Syscall::IoUringEnter, no_fd => sys_enter_io_uring_enter;
+    Syscall::FutexWaitv, no_fd => sys_enter_futex_waitv;
+}
+
+/// A wait: nobody rides on its exit.
+#[tracepoint]
+pub fn sys_exit_futex_waitv(_ctx: TracePointContext) -> u32 {
+    let _ = exit(Syscall::FutexWaitv);
+    0
 }
 
 /// futex: only the waiting operations are timed; a wake of a tracked process costs what an
@@ -285,26 +265,18 @@ pub fn sys_enter_futex(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint]
-pub fn sys_exit_futex(ctx: TracePointContext) -> u32 {
-    exit(&ctx, Syscall::Futex)
+pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
+    let _ = exit(Syscall::Futex);
+    0
 }
 
-/// `sched_switch` runs in the context of the thread being switched out (`current` is still
-/// `prev`): a start pending on this CPU is that thread's, and moves into `SYSCALL_SPILLED`;
-/// then the slot forgets who runs. The query family moves this CPU's query runs into their
-/// rows when it goes idle (`next` is the idle task, pid 0) or they are old.
-#[btf_tracepoint(function = "sched_switch")]
-pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
-    let pid_at = crate::kernel_offsets::offsets().task_pid as u64;
-    let next: u64 = ctx.arg(2);
-    // SAFETY: `next` is a BTF task pointer and the offset a constant of the frozen globals:
-    // a plain load the verifier checks (and guards against faults).
-    let next_idle = pid_at != 0
-        && next != 0
-        && unsafe { core::ptr::read_volatile((next + pid_at) as *const i32) } == 0;
-    crate::query::switched(next_idle);
-    let Some(c) = SYSCALL_CPU.get_ptr_mut(0) else {
-        return 0;
+/// Called by `sched_switch` in the context of the thread being switched out (`current` is
+/// still `prev`): a start pending on this CPU is that thread's, and moves into
+/// `SYSCALL_SPILLED`; then the slot forgets who runs.
+#[inline(always)]
+pub fn switched_out() {
+    let Some(c) = thread::slot_as_is() else {
+        return;
     };
     // SAFETY: this CPU's slot; the syscall programs cannot run while the scheduler does.
     unsafe {
@@ -321,7 +293,6 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         (*c).tid = 0;
         (*c).tgid = 0;
     }
-    0
 }
 
 /// Called by `sched_process_exit` for every exiting thread: a call it never returned from
@@ -335,10 +306,10 @@ pub fn thread_exit(tid: u32) {
 /// submits block IO is a page-cache miss.
 #[inline(always)]
 pub fn mark_block_io() {
-    let Some(c) = cpu() else {
+    let Some(c) = thread::slot() else {
         return;
     };
-    // SAFETY: this CPU's slot (see `cpu`); this thread is running here.
+    // SAFETY: this CPU's slot (see `thread::slot`); this thread is running here.
     unsafe {
         if (*c).open != 0 {
             (*c).start.block_io = 1;

@@ -14,6 +14,18 @@ use pgio_common::{
     tracked_entries,
 };
 
+/// `series → generation`, moved on by userspace when it frees the id: rows tagged with an
+/// older generation are stale (the syscall family's dense rows, the relation slots, the
+/// query runs).
+#[map]
+static SYSCALL_ROW_GEN: Array<u32> = Array::with_max_entries(CHILD_SERIES_MAX, 0);
+
+/// The generation series id `series` has now.
+#[inline(always)]
+pub fn generation(series: SeriesId) -> u32 {
+    SYSCALL_ROW_GEN.get(series.0).map_or(0, |g| *g)
+}
+
 #[map]
 static TRACKED: Array<u64> =
     Array::with_max_entries(tracked_entries(PID_MAX_LIMIT), BPF_F_MMAPABLE);

@@ -1,0 +1,96 @@
+//! The hook table: the programs of the kernel hooks that more than one family rides on, each
+//! calling its families in order. A family that needs one of these hooks adds its line here;
+//! no family calls into another's module (`thread` and `tracked` below them hold what they
+//! all read). The one exception is `query_id`, which books the runs `query` moves into its
+//! rows, from `query` itself: it is the query family's second key, not a hook's rider.
+//!
+//! | hook | families, in order |
+//! |---|---|
+//! | `sys_exit_<IO syscall>` | syscall (latency), query (IO time of the running query), relation (per file) |
+//! | `sched_switch` | query (this CPU's runs), syscall (the thread's call in progress) |
+//! | `sched_process_fork` | lifecycle (the child's series, the fork event), query_id (where the child's id is) |
+//! | `sched_process_exit` | syscall, query, relation (the thread's state); for a process: query_id, lifecycle |
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use pgio_common::syscall::{Cache, Syscall};
+
+use crate::{lifecycle, query, query_id, relation, syscall};
+
+/// An IO syscall's exit: its latency, then the running query's IO time and its file's row.
+#[inline(always)]
+fn io_syscall_exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
+    let Some(e) = syscall::exit(sc) else {
+        return 0;
+    };
+    query::add_io(e.tid, e.ns, e.cache == Cache::Miss);
+    relation::add(e.tgid, &e.start, e.cache, e.ns, || e.bytes(ctx));
+    0
+}
+
+macro_rules! io_syscall_exits {
+    ($($sc:expr => $exit:ident;)*) => {$(
+        #[tracepoint]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            io_syscall_exit(&ctx, $sc)
+        }
+    )*};
+}
+
+// Their enters: `syscall`.
+io_syscall_exits! {
+    Syscall::Pread64 => sys_exit_pread64;
+    Syscall::Preadv => sys_exit_preadv;
+    Syscall::Preadv2 => sys_exit_preadv2;
+    Syscall::Pwrite64 => sys_exit_pwrite64;
+    Syscall::Pwritev => sys_exit_pwritev;
+    Syscall::Pwritev2 => sys_exit_pwritev2;
+    Syscall::Fsync => sys_exit_fsync;
+    Syscall::Fdatasync => sys_exit_fdatasync;
+    Syscall::IoUringEnter => sys_exit_io_uring_enter;
+}
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, …)`, in
+/// the context of `prev`. The query family moves this CPU's runs into their rows when it goes
+/// idle (`next` is the idle task, pid 0) or they are old; the syscall family spills the
+/// leaving thread's call in progress.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
+    let pid_at = crate::kernel_offsets::offsets().task_pid as u64;
+    let next: u64 = ctx.arg(2);
+    // SAFETY: `next` is a BTF task pointer and the offset a constant of the frozen globals:
+    // a plain load the verifier checks (and guards against faults).
+    let next_idle = pid_at != 0
+        && next != 0
+        && unsafe { core::ptr::read_volatile((next + pid_at) as *const i32) } == 0;
+    query::switched(next_idle);
+    syscall::switched_out();
+    0
+}
+
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn sched_process_fork(ctx: BtfTracePointContext) -> i32 {
+    if let Some((parent, child)) = lifecycle::forked(&ctx) {
+        query_id::forked(parent, child);
+    }
+    0
+}
+
+/// Fires for every exiting thread; the process is gone when its leader exits.
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    // Every thread, tracked or not: its process may have been untracked mid-call.
+    syscall::thread_exit(tid);
+    query::thread_exit(tid);
+    relation::thread_exit(tid);
+    if tid != tgid {
+        return 0;
+    }
+    query_id::exited(tgid);
+    lifecycle::process_exited(tgid);
+    0
+}

@@ -1,0 +1,46 @@
+//! The running thread, as every family's programs see it: its ids, kept in its CPU's slot
+//! (`SYSCALL_CPU`) from the first program that asks until the next switch, so a thread that is
+//! not switched out between its calls (a cached read loop) pays the helper call once. The slot
+//! also holds the syscall family's call in progress (`syscall` reads and writes that part).
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::PerCpuArray};
+use pgio_common::syscall::CpuSyscall;
+
+/// This CPU's running thread and its tracked syscall in progress.
+#[map]
+static SYSCALL_CPU: PerCpuArray<CpuSyscall> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's slot, with its running thread's ids filled in: asked of the kernel by the first
+/// program that needs them since the last switch.
+#[inline(always)]
+pub fn slot() -> Option<*mut CpuSyscall> {
+    let c = SYSCALL_CPU.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; syscall and scheduler programs on one CPU do not nest.
+    unsafe {
+        if (*c).tid == 0 {
+            let pid_tgid = bpf_get_current_pid_tgid();
+            (*c).tid = pid_tgid as u32;
+            (*c).tgid = (pid_tgid >> 32) as u32;
+        }
+    }
+    Some(c)
+}
+
+/// This CPU's slot as it is, ids not asked for (`sched_switch`: the thread leaving).
+#[inline(always)]
+pub fn slot_as_is() -> Option<*mut CpuSyscall> {
+    SYSCALL_CPU.get_ptr_mut(0)
+}
+
+/// The running thread's (tid, tgid), from this CPU's slot: the helper is called once between
+/// two switches, whichever program asks first.
+#[inline(always)]
+pub fn current() -> (u32, u32) {
+    match slot() {
+        // SAFETY: this CPU's slot (see `slot`).
+        Some(c) => unsafe { ((*c).tid, (*c).tgid) },
+        None => {
+            let pid_tgid = bpf_get_current_pid_tgid();
+            (pid_tgid as u32, (pid_tgid >> 32) as u32)
+        }
+    }
+}
