@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, delta};
+use common::{Daemon, delta, delta_by, losses};
 use pgio_testkit::{
     Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, PsqlSession, metrics::Histogram,
     pg_bin_dir, require_root, temp_dir, wait_until,
@@ -217,7 +217,19 @@ fn pgbench_modes(major: u32, port: u16) {
         } else {
             0.0
         };
-        assert_eq!(got, transactions + prepares, "-M {mode}");
+        assert_eq!(
+            got,
+            transactions + prepares,
+            "-M {mode}: queries by role {:?}; {}",
+            delta_by(
+                &before,
+                &after,
+                "pgio_query_seconds_count",
+                &[("cluster", &s.cluster)],
+                &["role", "database", "user", "wire"]
+            ),
+            losses(&before, &after)
+        );
     }
     s.daemon.stop().expect("daemon stop");
     s.pg.stop().expect("stop");
@@ -308,9 +320,15 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         ("user", "postgres"),
         ("cluster", cluster.as_str()),
     ];
-    let before = daemon.scrape();
+    // The set-up's queries are booked first: a CPU that never idles books its queries' run
+    // only once it is 1 s old (with both CPUs busy, 2-3 queries fell in the window).
+    let queries = |m: &Metrics| m.sum("pgio_query_seconds_count", &backend);
+    let before = quiet_scrape(&daemon, queries);
     let count = pg.psql("select count(*) from t").expect("scan");
     assert_eq!(count, ROWS.to_string());
+    wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        queries(&daemon.scrape()) > queries(&before)
+    });
     std::thread::sleep(Duration::from_millis(300));
     let after = daemon.scrape();
     let d = |name: &str| delta(&before, &after, name, &backend);
@@ -571,4 +589,19 @@ fn pin_to_cpu0(pid: i32) {
         "sched_setaffinity({pid}): {}",
         std::io::Error::last_os_error()
     );
+}
+
+/// A scrape after which `count` has not moved for 1.5 s (a query's CPU run is booked by then:
+/// 1 s of age, looked at every 64 jiffies), so a window starting at it holds no earlier query.
+fn quiet_scrape(daemon: &Daemon, count: impl Fn(&Metrics) -> f64) -> Metrics {
+    let mut last = daemon.scrape();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(1_500));
+        let now = daemon.scrape();
+        if count(&now) == count(&last) {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the query count kept moving for 15 s with no query running");
 }

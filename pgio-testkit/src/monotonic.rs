@@ -1,0 +1,175 @@
+//! Counters that step back: scrapes a daemon back to back on a thread of its own and compares
+//! every counter and histogram sample (`_total`, `_bucket`, `_count`, `_sum` of a family
+//! declared `counter` or `histogram`) with the last value of the same series. Prometheus reads
+//! any decrease as a counter reset, so `rate()` shows a spike that never happened.
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use crate::metrics::{Metrics, Sample, scrape};
+
+/// One sample lower than the same series' value in an earlier scrape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepBack {
+    /// `name{label="value",…}`.
+    pub series: String,
+    pub before: f64,
+    pub after: f64,
+    /// The scrape (from 1) that saw the lower value.
+    pub scrape: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WatchReport {
+    pub scrapes: usize,
+    pub steps_back: Vec<StepBack>,
+}
+
+impl WatchReport {
+    /// The first `n` steps back, one a line, for failure messages.
+    pub fn describe(&self, n: usize) -> String {
+        self.steps_back
+            .iter()
+            .take(n)
+            .map(|s| {
+                format!(
+                    "scrape {}: {} {} -> {}",
+                    s.scrape, s.series, s.before, s.after
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Compares successive scrapes; kept apart from the thread so that it can be used on scrapes
+/// taken by the test itself too.
+#[derive(Default)]
+pub struct Monotonic {
+    last: HashMap<String, f64>,
+    pub report: WatchReport,
+}
+
+impl Monotonic {
+    pub fn observe(&mut self, m: &Metrics) {
+        self.report.scrapes += 1;
+        for s in m.all().iter().filter(|s| is_counter_sample(m, s)) {
+            let series = series_name(s);
+            if let Some(&before) = self.last.get(&series)
+                && s.value < before
+            {
+                self.report.steps_back.push(StepBack {
+                    series: series.clone(),
+                    before,
+                    after: s.value,
+                    scrape: self.report.scrapes,
+                });
+            }
+            self.last.insert(series, s.value);
+        }
+    }
+}
+
+fn is_counter_sample(m: &Metrics, s: &Sample) -> bool {
+    let family = |suffix: &str| s.name.strip_suffix(suffix);
+    let typed = |f: &str, ty: &str| m.metric_type(f) == Some(ty);
+    if let Some(f) = family("_total") {
+        return typed(f, "counter") || typed(&s.name, "counter");
+    }
+    ["_bucket", "_count", "_sum"]
+        .iter()
+        .filter_map(|suffix| family(suffix))
+        .any(|f| typed(f, "histogram"))
+}
+
+fn series_name(s: &Sample) -> String {
+    let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+    format!("{}{{{}}}", s.name, labels.join(","))
+}
+
+/// Scrapes `url` back to back (with `pause` between) until `finish`.
+pub struct MonotonicWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<WatchReport>>>,
+}
+
+impl MonotonicWatch {
+    pub fn start(url: &str, pause: Duration) -> MonotonicWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = url.to_owned();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut check = Monotonic::default();
+            while !flag.load(Ordering::Relaxed) {
+                let m = scrape(&url).with_context(|| format!("scrape {}", check.report.scrapes))?;
+                check.observe(&m);
+                std::thread::sleep(pause);
+            }
+            Ok(check.report)
+        });
+        MonotonicWatch {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn finish(mut self) -> Result<WatchReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .context("finished twice")?
+            .join()
+            .map_err(|_| anyhow::anyhow!("the scraping thread panicked"))?
+    }
+}
+
+impl Drop for MonotonicWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lower_counter_or_bucket_is_a_step_back_a_lower_gauge_is_not() {
+        let text = |c: u32, b: u32, g: u32| {
+            format!(
+                "# TYPE x counter\nx_total{{a=\"1\"}} {c}\n# TYPE h histogram\n\
+                 h_bucket{{le=\"+Inf\"}} {b}\nh_count {b}\nh_sum 1.5\n# TYPE g gauge\ng {g}\n"
+            )
+        };
+        let mut m = Monotonic::default();
+        for (c, b, g) in [(5, 7, 9), (5, 8, 1), (4, 8, 9), (6, 6, 9)] {
+            m.observe(&Metrics::parse(&text(c, b, g)).expect("parse"));
+        }
+        let got: Vec<(String, f64, f64, usize)> = m
+            .report
+            .steps_back
+            .iter()
+            .map(|s| (s.series.clone(), s.before, s.after, s.scrape))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("x_total{a=\"1\"}".to_owned(), 5.0, 4.0, 3),
+                ("h_bucket{le=\"+Inf\"}".to_owned(), 8.0, 6.0, 4),
+                ("h_count{}".to_owned(), 8.0, 6.0, 4),
+            ]
+        );
+        assert_eq!(m.report.scrapes, 4);
+    }
+}
