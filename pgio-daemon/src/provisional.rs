@@ -19,6 +19,12 @@ use pgio_common::SeriesId;
 /// (and recreate their key) after the process was classified.
 const GRACE: Duration = Duration::from_secs(30);
 
+/// How long the events of a process that exited unclassified are held back for its title,
+/// which the kernel sent before the exit and discovery may read after it (`classified_late`).
+/// Then they go to the fallback for good: once shown under one series, counts never move to
+/// another (its counters would step back).
+const LATE_TITLE: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Debug, Default)]
 pub struct Provisional {
     entries: HashMap<u32, Entry>,
@@ -33,6 +39,16 @@ pub struct Provisional {
     /// stale, never counted under the labels the id is given next (`SYSCALL_ROW_GEN` holds
     /// the kernel's copy).
     generations: Vec<u32>,
+}
+
+impl Entry {
+    /// Closed unclassified less than `LATE_TITLE` ago: its events wait for a late title.
+    fn holds_back(&self, now: Instant) -> bool {
+        self.target.is_none()
+            && self
+                .closed_at
+                .is_some_and(|t| now.saturating_duration_since(t) < LATE_TITLE)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -97,10 +113,15 @@ impl Provisional {
     }
 
     /// The title of a process that was closed unclassified arrived late (the ring buffer is
-    /// read after a scheduled /proc look that found it exiting): its events still go to
-    /// `series`, unless a fold already moved them.
+    /// read after a scheduled /proc look that found it exiting): its events go to `series`,
+    /// if they are still held back (`LATE_TITLE`).
     pub fn classified_late(&mut self, pid: u32, series: SeriesId) {
-        if let Some(e) = self.entries.get_mut(&pid).filter(|e| e.target.is_none()) {
+        let now = Instant::now();
+        if let Some(e) = self
+            .entries
+            .get_mut(&pid)
+            .filter(|e| e.target.is_none() && e.holds_back(now))
+        {
             e.target = Some(series);
         }
     }
@@ -120,6 +141,11 @@ impl Provisional {
     }
 
     pub fn route(&self, series: SeriesId) -> Route {
+        self.route_at(series, Instant::now())
+    }
+
+    /// `route` as of `now`.
+    pub fn route_at(&self, series: SeriesId, now: Instant) -> Route {
         if !series.is_provisional() {
             return if self.retired.contains(&series) {
                 Route::Retired
@@ -129,7 +155,12 @@ impl Provisional {
         }
         match self.entries.get(&series.provisional_tgid()) {
             Some(e) if e.closed_at.is_none() => Route::Pending,
-            Some(e) => Route::Fold(e.target.unwrap_or(e.fallback)),
+            Some(e) => match e.target {
+                Some(target) => Route::Fold(target),
+                // Exited unclassified: its title may still come (`classified_late`).
+                None if e.holds_back(now) => Route::Pending,
+                None => Route::Fold(e.fallback),
+            },
             // The fork event has not been handled yet (the kernel writes keys first), or,
             // rarely, a request completing after the entry expired: not ours to move yet.
             None => Route::Pending,
@@ -221,8 +252,14 @@ mod tests {
         assert_eq!(p.route(SeriesId::provisional(100)), Route::Fold(s(7)));
         assert_eq!(
             p.route(SeriesId::provisional(101)),
+            Route::Pending,
+            "exited unclassified: held back for a late title"
+        );
+        let later = Instant::now() + LATE_TITLE + Duration::from_millis(1);
+        assert_eq!(
+            p.route_at(SeriesId::provisional(101), later),
             Route::Fold(s(3)),
-            "never classified: starting"
+            "no title came: starting"
         );
         assert_eq!(
             p.route(SeriesId::provisional(102)),
@@ -242,5 +279,22 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert!(p.is_open(103));
         assert!(!p.has_closed(), "expired with their grace");
+    }
+
+    #[test]
+    fn counts_shown_under_the_fallback_never_move_to_a_late_title() {
+        let mut p = Provisional::default();
+        p.forked(200, s(3));
+        p.closed(200);
+        if let Some(e) = p.entries.get_mut(&200) {
+            e.closed_at = Some(Instant::now() - LATE_TITLE - Duration::from_millis(1));
+        }
+        assert_eq!(p.route(SeriesId::provisional(200)), Route::Fold(s(3)));
+        p.classified_late(200, s(8));
+        assert_eq!(
+            p.route(SeriesId::provisional(200)),
+            Route::Fold(s(3)),
+            "a scrape may have shown them under the fallback already"
+        );
     }
 }

@@ -7,6 +7,7 @@
 //! `pgio_relation_io_seconds{relation="public.orders",kind="table",database,…}`, the others
 //! `relation="(rest)"`, a file not (yet) in the catalogs `"(relfilenode <n>)"` (`snapshot`).
 pub mod book;
+pub mod merge;
 pub mod names;
 pub mod open_files;
 pub mod slots;
@@ -41,8 +42,8 @@ use crate::{
 use book::NameBook;
 use slots::Slots;
 pub use snapshot::{
-    RELATION_CATALOG_ERRORS, RELATION_IO_BYTES, RELATION_IO_SECONDS, RELATION_REST,
-    RelationSnapshot,
+    INCONSISTENT_READS, RELATION_CATALOG_ERRORS, RELATION_IO_BYTES, RELATION_IO_SECONDS,
+    RELATION_REST, RelationSnapshot,
 };
 use top::Top;
 
@@ -188,6 +189,7 @@ impl HistKey for RelationKey {
 pub struct RelationState {
     pub book: NameBook,
     top: Top<RelationId>,
+    merge: merge::LabelMerge,
 }
 
 impl RelationState {
@@ -195,6 +197,7 @@ impl RelationState {
         RelationState {
             book: NameBook::default(),
             top: Top::new(max_relations),
+            merge: merge::LabelMerge::default(),
         }
     }
 }
@@ -226,13 +229,17 @@ impl Source for RelationSource {
             }
             hists
         };
-        let hists = match &self.slots {
-            Some(slots) => lock(slots).read_with(routes, read_maps),
-            None => read_maps(),
+        let (hists, inconsistent_reads) = match &self.slots {
+            Some(slots) => {
+                let mut slots = lock(slots);
+                (slots.read_with(routes, read_maps), slots.inconsistent_reads)
+            }
+            None => (read_maps(), 0),
         };
         Box::new(RelationSnapshot {
             hists,
             state: self.state.clone(),
+            inconsistent_reads,
         })
     }
 

@@ -245,6 +245,7 @@ fn all_families() -> Readings {
     }
     state.book.remember("/tmp/d a\"ta", in_db(16385), None);
     r.relations.state = std::sync::Arc::new(std::sync::Mutex::new(state));
+    r.relations.inconsistent_reads = 3;
     let stats = |entries: u64, owners: &[(&str, u32)], refused: &[(&str, u64)], evicted| MapStats {
         entries,
         max_entries: 65_536,

@@ -139,10 +139,11 @@ fn pg15_new_connections_first_round_trip_counted_under_load() {
         watched.scrapes,
         watched.steps_back.len()
     );
-    if !watched.steps_back.is_empty() {
+    if !watched.clean() {
         failures.push(format!(
-            "{} samples stepped back in {} scrapes:\n{}",
+            "{} samples stepped back, {} series twice in a scrape, in {} scrapes:\n{}",
             watched.steps_back.len(),
+            watched.duplicates.len(),
             watched.scrapes,
             watched.describe(20)
         ));

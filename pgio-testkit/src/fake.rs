@@ -18,7 +18,8 @@ pub const NOBODY: u32 = 65_534;
 /// rounds of futex waits timing out after 2^10 … 2^30 ns come first: 21 latency slots, so 21
 /// histogram keys per series (2.1 s a round). `FAKE_CONNECT` (`a.b.c.d:port`) with
 /// `FAKE_CONNECTIONS` set: opens that many TCP connections there and holds them, prints how
-/// many it opened, then waits for stdin to close.
+/// many it opened, then waits for stdin to close. `FAKE_REOPEN` set: the file is closed and
+/// opened again after each read (an `openat` storm on fd slots that hold counts).
 pub const FAKE_C: &str = r#"
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -47,8 +48,15 @@ static void reads(void) {
     const char *file = getenv("FAKE_FILE");
     long n = atol(getenv("FAKE_READS") ? getenv("FAKE_READS") : "0");
     char buf[4096];
+    int reopen = getenv("FAKE_REOPEN") != NULL;
     int fd = file ? open(file, O_RDONLY) : -1;
-    for (long i = 0; fd >= 0 && i < n; i++) pread(fd, buf, sizeof buf, 0);
+    for (long i = 0; fd >= 0 && i < n; i++) {
+        pread(fd, buf, sizeof buf, 0);
+        if (reopen) {
+            close(fd);
+            fd = open(file, O_RDONLY);
+        }
+    }
     printf("done\n");
     fflush(stdout);
 }

@@ -1,7 +1,9 @@
 //! Counters that step back: scrapes a daemon back to back on a thread of its own and compares
 //! every counter and histogram sample (`_total`, `_bucket`, `_count`, `_sum` of a family
-//! declared `counter` or `histogram`) with the last value of the same series. Prometheus reads
-//! any decrease as a counter reset, so `rate()` shows a spike that never happened.
+//! declared `counter` or `histogram`) with the same series' value in the scrape before.
+//! Prometheus reads any decrease as a counter reset, so `rate()` shows a spike that never
+//! happened. A series missing from a scrape has ended (Prometheus marks it stale); if the same
+//! labels come back they may start over.
 use std::{
     collections::HashMap,
     sync::{
@@ -31,20 +33,29 @@ pub struct StepBack {
 pub struct WatchReport {
     pub scrapes: usize,
     pub steps_back: Vec<StepBack>,
+    /// Series (any type) that appeared twice in one scrape, with the scrape: an invalid
+    /// exposition, and two counters Prometheus cannot tell apart.
+    pub duplicates: Vec<(String, usize)>,
 }
 
 impl WatchReport {
-    /// The first `n` steps back, one a line, for failure messages.
+    /// Whether every scrape held each series once and no counter stepped back.
+    pub fn clean(&self) -> bool {
+        self.steps_back.is_empty() && self.duplicates.is_empty()
+    }
+
+    /// The first `n` duplicates and steps back, one a line, for failure messages.
     pub fn describe(&self, n: usize) -> String {
-        self.steps_back
+        self.duplicates
             .iter()
-            .take(n)
-            .map(|s| {
+            .map(|(series, scrape)| format!("scrape {scrape}: {series} twice"))
+            .chain(self.steps_back.iter().map(|s| {
                 format!(
                     "scrape {}: {} {} -> {}",
                     s.scrape, s.series, s.before, s.after
                 )
-            })
+            }))
+            .take(n)
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -59,8 +70,18 @@ pub struct Monotonic {
 }
 
 impl Monotonic {
+    /// A series compares with the scrape just before only: one that was missing from it
+    /// (retired, then made again) starts over, as Prometheus' staleness handling has it.
     pub fn observe(&mut self, m: &Metrics) {
         self.report.scrapes += 1;
+        let mut seen = std::collections::HashSet::new();
+        for s in m.all() {
+            let series = series_name(s);
+            if !seen.insert(series.clone()) {
+                self.report.duplicates.push((series, self.report.scrapes));
+            }
+        }
+        let mut now = HashMap::new();
         for s in m.all().iter().filter(|s| is_counter_sample(m, s)) {
             let series = series_name(s);
             if let Some(&before) = self.last.get(&series)
@@ -73,8 +94,9 @@ impl Monotonic {
                     scrape: self.report.scrapes,
                 });
             }
-            self.last.insert(series, s.value);
+            now.insert(series, s.value);
         }
+        self.last = now;
     }
 }
 
@@ -171,5 +193,13 @@ mod tests {
             ]
         );
         assert_eq!(m.report.scrapes, 4);
+        assert!(m.report.duplicates.is_empty());
+        // Gone for a scrape, then back from 0: a new series, not a step back.
+        m.observe(&Metrics::parse("# TYPE x counter\n").expect("parse"));
+        m.observe(&Metrics::parse("# TYPE x counter\nx_total{a=\"1\"} 1\n").expect("parse"));
+        assert_eq!(m.report.steps_back.len(), 3);
+        m.observe(&Metrics::parse("# TYPE g gauge\ng{a=\"1\"} 1\ng{a=\"1\"} 2\n").expect("parse"));
+        assert_eq!(m.report.duplicates, vec![("g{a=\"1\"}".to_owned(), 7)]);
+        assert!(!m.report.clean());
     }
 }

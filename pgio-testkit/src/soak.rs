@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{
-    Daemon, Metrics, PgCluster, PgOptions,
+    Daemon, Metrics, Monotonic, PgCluster, PgOptions, WatchReport,
     fake::{Fake, chown_nobody, compile},
     pg_bin_dir, temp_dir,
 };
@@ -115,6 +115,8 @@ fn ms(d: Duration) -> f64 {
 pub struct SoakReport {
     pub samples: Vec<SoakSample>,
     pub scrapes: ScrapeLatencies,
+    /// Counter and histogram samples lower than the series' value a scrape before.
+    pub monotonic: WatchReport,
     pub pgbench: String,
 }
 
@@ -149,6 +151,14 @@ impl SoakReport {
         }
         out.push_str(&self.scrapes.summary());
         out.push('\n');
+        let _ = writeln!(
+            out,
+            "counters: every counter and histogram sample of {} once-a-second scrapes compared \
+             with the scrape before: {} stepped back; series twice in one scrape: {}",
+            self.monotonic.scrapes,
+            self.monotonic.steps_back.len(),
+            self.monotonic.duplicates.len()
+        );
         let (first, last) = self.samples.split_at(self.samples.len() / 2);
         let rss = |s: &[SoakSample]| median(s.iter().map(|s| s.rss_kib).collect());
         let _ = writeln!(
@@ -205,23 +215,29 @@ fn cpu_secs(pid: u32) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Scrapes `url` once a second until `stop`, timing each.
+/// Scrapes `url` once a second until `stop`, timing each, and compares every counter and
+/// histogram sample with the series' last value (`Monotonic`).
 fn scrape_every_second(
     url: String,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<ScrapeLatencies> {
+) -> std::thread::JoinHandle<(ScrapeLatencies, WatchReport)> {
     std::thread::spawn(move || {
         let mut took = ScrapeLatencies::default();
+        let mut monotonic = Monotonic::default();
         while !stop.load(Ordering::Relaxed) {
             let t0 = Instant::now();
-            if crate::metrics::http_get(&url, Duration::from_secs(10)).is_ok() {
-                took.0.push(t0.elapsed());
-            } else {
-                took.0.push(Duration::from_secs(10));
+            match crate::metrics::http_get(&url, Duration::from_secs(10)) {
+                Ok(body) => {
+                    took.0.push(t0.elapsed());
+                    if let Ok(m) = Metrics::parse(&body) {
+                        monotonic.observe(&m);
+                    }
+                }
+                Err(_) => took.0.push(Duration::from_secs(10)),
             }
             std::thread::sleep(Duration::from_secs(1).saturating_sub(t0.elapsed()));
         }
-        took
+        (took, monotonic.report)
     })
 }
 
@@ -449,7 +465,7 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         });
     }
     stop.store(true, Ordering::Relaxed);
-    let mut scrapes = scraper
+    let (mut scrapes, monotonic) = scraper
         .join()
         .map_err(|_| anyhow::anyhow!("the scraper thread panicked"))?;
     // The samples' own scrapes too: each comes right after a round's bursts.
@@ -471,6 +487,7 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
     let report = SoakReport {
         samples,
         scrapes,
+        monotonic,
         pgbench,
     };
     daemon.stop()?;
@@ -490,6 +507,15 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         failures.push(format!("pgbench: {line}"));
     }
     failures.extend(judge(&report.samples));
+    if !report.monotonic.clean() {
+        failures.push(format!(
+            "{} counter samples stepped back, {} series twice in a scrape, in {} scrapes:\n{}",
+            report.monotonic.steps_back.len(),
+            report.monotonic.duplicates.len(),
+            report.monotonic.scrapes,
+            report.monotonic.describe(20)
+        ));
+    }
     let p99 = report.scrapes.quantile(0.99);
     if p99 > opts.scrape_p99 {
         failures.push(format!(

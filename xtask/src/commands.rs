@@ -74,7 +74,44 @@ pub fn soak(root: &Path, skip_setup: bool, minutes: u64, sample_secs: u64) -> Re
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     println!("{text}");
     step(format!("soak report: {}", path.display()));
+    if let Ok(r) = &result
+        && minutes >= SOAK_MD_MINUTES
+    {
+        let md = root.join("SOAK.md");
+        std::fs::write(&md, soak_md(root, minutes, r))
+            .with_context(|| format!("writing {}", md.display()))?;
+        step(format!("soak: {} rewritten", md.display()));
+    }
     result.map(|_| ())
+}
+
+/// A soak this long or longer that passes rewrites SOAK.md (shorter ones only write
+/// target/soak-report.txt).
+const SOAK_MD_MINUTES: u64 = 60;
+
+/// SOAK.md: the report of a passing soak of at least `SOAK_MD_MINUTES`, with where it ran.
+fn soak_md(root: &Path, minutes: u64, r: &pgio_testkit::soak::SoakReport) -> String {
+    let run = |cmd: &mut Command| {
+        crate::util::output(cmd)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let commit =
+        run(Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(["rev-parse", "--short", "HEAD"]));
+    let kernel = run(Command::new("uname").arg("-r"));
+    format!(
+        "# pgio under a {minutes}-minute soak\n\n\
+         Written by `cargo xtask soak --minutes {minutes}` (this file is its output, only when \
+         the soak passed): tree {commit}, kernel {kernel}, {} CPUs. What the soak does and \
+         what it checks: [docs/labels-and-bounds.md](docs/labels-and-bounds.md).\n\n\
+         ```\n{}\n```\n\npgbench:\n\n```\n{}\n```\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        r.table().trim_end(),
+        r.pgbench.trim_end()
+    )
 }
 
 pub fn check(root: &Path, skip_setup: bool) -> Result<()> {

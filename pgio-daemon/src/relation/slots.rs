@@ -3,8 +3,11 @@
 //! counts live in the slot until an `openat` takes the slot for another file and folds them
 //! into `RELATION_HIST`; so a scrape reads the hash map and the slots as one view, and reads
 //! again when a fold ran meanwhile (it would have seen the moved counts twice, or not at all,
-//! and the exported counters would step back at the next scrape).
-use std::{thread, time::Duration};
+//! and the exported counters would step back at the next scrape). When folds keep coming for
+//! every try (an `openat` storm on slots with counts), the scrape serves the last consistent
+//! view instead, less the series freed since: stale for a scrape, never smaller than what was
+//! shown (`pgio_inconsistent_reads_total` counts those scrapes).
+use std::{collections::BTreeMap, thread, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -37,8 +40,12 @@ pub struct Slots {
     view: MappedValues,
     entries: u32,
     folds: Array<MapData, u64>,
-    /// Views read while folds kept coming (logged once).
-    unsettled_logged: bool,
+    /// The last view read with no fold meanwhile, and the generation of each of its series
+    /// then (a series freed since is left out when it is served again).
+    last_consistent: Hists<RelationId>,
+    generations: BTreeMap<SeriesId, u32>,
+    /// Scrapes that got `last_consistent` because folds kept coming.
+    pub inconsistent_reads: u64,
 }
 
 impl Slots {
@@ -65,7 +72,9 @@ impl Slots {
             view,
             entries,
             folds: take_map(ebpf, "RELATION_FOLDS")?,
-            unsettled_logged: false,
+            last_consistent: Hists::new(),
+            generations: BTreeMap::new(),
+            inconsistent_reads: 0,
         })
     }
 
@@ -83,35 +92,49 @@ impl Slots {
     }
 
     /// `read_map()` (the hash maps' histograms) plus the slots' rows, with no fold between
-    /// the first read and the last.
+    /// the first read and the last; else the last such view (see the module doc).
     pub fn read_with(
         &mut self,
         routes: &Provisional,
         read_map: impl Fn() -> Hists<RelationId>,
     ) -> Hists<RelationId> {
-        let mut view = Hists::new();
         for attempt in 0..TRIES {
             let finished = self.folds(FOLDS_FINISHED);
             let started = self.folds(FOLDS_STARTED);
-            if started != finished && attempt + 1 < TRIES {
-                thread::sleep(Duration::from_micros(200));
+            if started != finished {
+                if attempt + 1 < TRIES {
+                    thread::sleep(Duration::from_micros(200));
+                }
                 continue;
             }
-            view = read_map();
+            let mut view = read_map();
             self.add_rows(routes, &mut view);
             if self.folds(FOLDS_STARTED) == started {
+                self.generations = view
+                    .keys()
+                    .map(|id| (id.series, routes.generation(id.series)))
+                    .collect();
+                self.last_consistent = view.clone();
                 return view;
             }
         }
-        if !self.unsettled_logged {
-            self.unsettled_logged = true;
+        self.inconsistent_reads += 1;
+        if self.inconsistent_reads == 1 {
             warn!(
                 tries = TRIES,
-                "relation rows: fd slots kept being taken while read; this scrape may show a \
-                 relation's counts twice (logged once)"
+                "relation rows: fd slots kept being taken while read; serving the last \
+                 consistent view (pgio_inconsistent_reads_total counts each such scrape)"
             );
         }
-        view
+        let generations = &self.generations;
+        self.last_consistent
+            .iter()
+            .filter(|(id, _)| {
+                generations.get(&id.series) == Some(&routes.generation(id.series))
+                    && !routes.retired.contains(&id.series)
+            })
+            .map(|(id, h)| (*id, h.clone()))
+            .collect()
     }
 
     /// Adds the rows of live series to `out`, under their slot's file.

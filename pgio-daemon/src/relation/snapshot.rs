@@ -31,6 +31,8 @@ use crate::{
 pub struct RelationSnapshot {
     pub hists: Hists<RelationId>,
     pub state: Arc<Mutex<RelationState>>,
+    /// Scrapes so far that served the last consistent view (`slots::Slots::read_with`).
+    pub inconsistent_reads: u64,
 }
 
 /// The `relation` label of a file that is no relation of a catalog, or is not (yet) in one.
@@ -131,27 +133,25 @@ impl Snapshot for RelationSnapshot {
         let exported = state.top.book(Instant::now(), &items);
         let in_rest = state.top.in_rest(&items);
         let read_errors = state.book.read_errors;
-        drop(state);
-
-        let labelled: Vec<(RelationLabels, &crate::hist::Log2Hist, bool)> = exported
-            .iter()
+        let labelled: Vec<(Exported, RelationLabels, crate::hist::Log2Hist)> = exported
+            .into_iter()
             .filter_map(|(e, h)| {
                 let syscall = Syscall::try_from(e.syscall).ok()?;
                 let cache = Cache::try_from(e.cache).ok()?;
-                Some((
-                    RelationLabels::new(scrape.series(e.series), e, syscall, cache),
-                    h,
-                    syscall.moves_bytes(),
-                ))
+                let l = RelationLabels::new(scrape.series(e.series), &e, syscall, cache);
+                Some((e, l, h))
             })
             .collect();
+        let labelled = state.merge.merge(labelled);
+        drop(state);
+
         let mut f = enc.family(&RELATION_IO_SECONDS);
-        for (l, h, _) in &labelled {
+        for (l, h) in &labelled {
             f.histogram(l, h);
         }
         let mut f = enc.family(&RELATION_IO_BYTES);
-        for (l, h, moves) in &labelled {
-            if *moves {
+        for (l, h) in &labelled {
+            if l.syscall.moves_bytes() {
                 f.counter(l, h.bytes);
             }
         }
@@ -161,24 +161,38 @@ impl Snapshot for RelationSnapshot {
         }
         let mut f = enc.family(&RELATION_CATALOG_ERRORS);
         f.counter((), read_errors);
+        let mut f = enc.family(&INCONSISTENT_READS);
+        f.counter(
+            [("family", "relation"), ("reason", "folds_during_read")],
+            self.inconsistent_reads,
+        );
     }
 }
 
 /// A relation series' labels: `relation`, `kind`, `syscall`, `cache`, then the process'
-/// series labels with `database` the relation's (a checkpointer's write too).
+/// series labels with `database` the relation's (a checkpointer's write too), or the
+/// process' own for a file of no database.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RelationLabels {
-    series: Labels,
-    relation: String,
-    kind: &'static str,
-    syscall: Syscall,
-    cache: Cache,
+    pub(super) series: Labels,
+    pub(super) relation: String,
+    pub(super) kind: &'static str,
+    pub(super) syscall: Syscall,
+    pub(super) cache: Cache,
 }
 
 impl RelationLabels {
     fn new(series: &Labels, e: &Exported, syscall: Syscall, cache: Cache) -> RelationLabels {
+        // A file of no database (WAL, a shared catalog, `(other)`) keeps the process' own:
+        // taking its empty one would give two backends of two databases one label set.
+        let database = if e.database.is_empty() {
+            series.database.clone()
+        } else {
+            e.database.clone()
+        };
         RelationLabels {
             series: Labels {
-                database: e.database.clone(),
+                database,
                 ..series.clone()
             },
             relation: e.relation.clone(),
@@ -206,7 +220,7 @@ impl LabelSet for &RelationLabels {
 
 pub static RELATION_IO_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_relation_io_seconds",
-    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster, or, without database, IO the kernel map had no room for), database = the relation's (seconds).",
+    help: "Read, write and sync syscall latency per PostgreSQL relation (relation = schema.name from the cluster's catalogs, kind = table/index/toast/matview/sequence/other; (relfilenode N) until the catalogs name it; (wal), (temp), (other); (rest) past max_relations per cluster, or, without database, IO the kernel map had no room for), database = the relation's, or the process' own for a file of no database (WAL, shared catalogs, (other)) (seconds).",
     kind: Kind::Histogram,
 };
 
@@ -220,6 +234,12 @@ pub static RELATION_REST: MetricFamily = MetricFamily {
     name: "pgio_relation_rest_relations",
     help: "Relations of a cluster booked under relation=\"(rest)\" now: more had IO than max_relations.",
     kind: Kind::Gauge,
+};
+
+pub static INCONSISTENT_READS: MetricFamily = MetricFamily {
+    name: "pgio_inconsistent_reads",
+    help: "Scrapes that could not read a family's kernel counts as one view (reason=folds_during_read: the kernel kept moving the relation family's fd-slot counts into its map while they were read) and served that family's last consistent view instead: stale for that scrape, never lower than what was shown.",
+    kind: Kind::Counter,
 };
 
 pub static RELATION_CATALOG_ERRORS: MetricFamily = MetricFamily {

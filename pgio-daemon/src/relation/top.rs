@@ -3,9 +3,13 @@
 //! the others are booked together as `relation="(rest)"` of their database. A hostile user
 //! with 100,000 tables moves the places around, never their number.
 //!
-//! Counters stay monotonic across moves: a relation's own series starts from what it had
-//! when it got its place (what it booked into `(rest)` before stays there), and `(rest)`
-//! counts a relation only from when it lost its place (its own series then ends).
+//! Counters stay monotonic across moves: `(rest)` counts a relation only while it has no
+//! place and keeps what it booked when the relation gets one; when a relation loses its
+//! place its own series ends and what it showed moves into `(rest)`, so the sum over a
+//! database's relation series stays the total. A relation that gets a place again goes on
+//! from what its own series showed (starting over from 0 would read as a counter reset):
+//! from then on that amount is in both, and the sum exceeds the total by it (rates are
+//! right: nothing jumps).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     time::{Duration, Instant},
@@ -42,7 +46,7 @@ pub struct Item<Id> {
 
 /// What is exported: a series' histogram of one syscall and cache outcome on one relation
 /// (or on its database's `(rest)`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Exported {
     pub series: SeriesId,
     pub database: String,
@@ -57,8 +61,10 @@ pub const REST: &str = "(rest)";
 #[derive(Debug)]
 struct Booked {
     own: bool,
-    /// Counts of the kernel key already exported elsewhere, or before this series began.
+    /// The kernel key's counts when it last changed sides (own series or `(rest)`).
     base: Log2Hist,
+    /// What its own series showed in its earlier periods with a place.
+    shown: Log2Hist,
 }
 
 #[derive(Debug)]
@@ -108,18 +114,23 @@ impl<Id: Clone + Ord> Top<Id> {
             let b = self.booked.entry(i.id.clone()).or_insert(Booked {
                 own,
                 base: Log2Hist::default(),
+                shown: Log2Hist::default(),
             });
             if b.own != own {
-                // What it booked into (rest) stays there; what its own series showed moves
-                // into (rest) as that series ends: the sum over relations stays the total.
-                self.frozen
-                    .entry(rest.clone())
-                    .or_default()
-                    .merge(&minus(&i.hist, &b.base));
+                let since = minus(&i.hist, &b.base);
+                if b.own {
+                    // Its own series ends: what it showed moves into (rest), and is kept for
+                    // when it comes back.
+                    b.shown.merge(&since);
+                }
+                // What it booked into (rest) stays there.
+                self.frozen.entry(rest.clone()).or_default().merge(&since);
                 b.base = i.hist.clone();
                 b.own = own;
             }
+            let mut h = minus(&i.hist, &b.base);
             let key = if own {
+                h.merge(&b.shown);
                 Exported {
                     series: i.series,
                     database: i.rank.database.clone(),
@@ -131,7 +142,7 @@ impl<Id: Clone + Ord> Top<Id> {
             } else {
                 rest
             };
-            out.entry(key).or_default().merge(&minus(&i.hist, &b.base));
+            out.entry(key).or_default().merge(&h);
         }
         let live: BTreeSet<&Id> = items.iter().map(|i| &i.id).collect();
         self.booked.retain(|id, _| live.contains(id));
@@ -322,12 +333,13 @@ mod tests {
         assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(14), Some(8)));
         assert_eq!(calls(&out, REST), Some(72));
         // A relation gone frees its place for the next one with IO at once; what b booked
-        // into (rest) before stays there.
+        // into (rest) stays there, and its own series goes on from the 20 it showed (never
+        // back to 0: a counter reset to Prometheus).
         let out = top.book(
             t0 + INTERVAL + Duration::from_secs(1),
             &[item(1, "a", 14, 140), item(2, "b", 23, 230)],
         );
-        assert_eq!(calls(&out, "b"), Some(0));
+        assert_eq!(calls(&out, "b"), Some(20));
         assert_eq!(calls(&out, REST), Some(73));
     }
 

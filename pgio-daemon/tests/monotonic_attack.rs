@@ -1,0 +1,118 @@
+//! No counter steps back while someone else's fork burst churns the maps (issue 51): a
+//! made-up PostgreSQL cluster run by `nobody` (a `PG_VERSION`, a "postmaster", 2,000 children
+//! each reading a file) starts beside a real PostgreSQL 15 under `pgbench -C -S -R 100`, while
+//! `/metrics` is scraped back to back. Every counter and histogram sample of every series is
+//! compared with the one before; the relation family's reads of the real cluster's client
+//! backends add up to their `pread64` calls.
+mod common;
+
+use std::time::Duration;
+
+use common::{Daemon, delta};
+use pgio_testkit::{
+    MonotonicWatch, PgCluster, PgOptions, fake::AttackerFiles, fake::Fake, pg_bin_dir,
+    require_root, temp_dir,
+};
+
+const CHILDREN: usize = 2_000;
+
+#[test]
+fn no_counter_steps_back_during_an_unprivileged_fork_burst() {
+    if !require_root("no_counter_steps_back_during_an_unprivileged_fork_burst") {
+        return;
+    }
+    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
+    let dir = temp_dir().expect("temp dir");
+    let attacker = AttackerFiles::create(dir.path(), &["postgres"]).expect("attacker files");
+    let mut pg = PgCluster::init_with(
+        PgOptions::new(&bin, dir.path().join("pgdata"), 56_540).setting("max_connections", "50"),
+    )
+    .expect("initdb");
+    pg.start().expect("start");
+    pg.pgbench_ok(&["-i", "-s", "2", "-q", "postgres"])
+        .expect("pgbench -i");
+    let cluster = std::fs::canonicalize(pg.data_dir()).expect("data directory");
+    let cluster = cluster.to_str().expect("UTF-8").to_owned();
+    let daemon = Daemon::with_config("").expect("daemon");
+    daemon.wait_tracked("postgres", "checkpointer");
+
+    let mut bench = pg.as_os_user("pgbench");
+    bench
+        .args(pg.conn_args())
+        .args(["-C", "-S", "-R", "100", "-c", "4", "-j", "2", "-T", "30"])
+        .arg("postgres")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let before = daemon.scrape();
+    let watch = MonotonicWatch::start(&format!("{}/metrics", daemon.url()), Duration::ZERO);
+    let bench = bench.spawn().expect("pgbench");
+    std::thread::sleep(Duration::from_secs(5));
+    let file = attacker.file.to_str().expect("path").to_owned();
+    let children = CHILDREN.to_string();
+    let mut fake = Fake::start(
+        &attacker.bin("postgres"),
+        "postgres",
+        &["-D", "data"],
+        &attacker.data,
+        &[
+            ("FAKE_FILE", &file),
+            ("FAKE_READS", "20"),
+            ("FAKE_REOPEN", "1"),
+            ("FAKE_CHILDREN", &children),
+            ("FAKE_TITLE", "postgres: eve db%d [local] idle"),
+        ],
+    )
+    .expect("made-up cluster");
+    fake.wait_done(CHILDREN).expect("the children's reads");
+    let out = bench.wait_with_output().expect("pgbench");
+    assert!(
+        out.status.success(),
+        "pgbench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fake.end();
+    // The last runs and folds land within a pass or two.
+    std::thread::sleep(Duration::from_secs(3));
+    let watched = watch.finish().expect("scrapes");
+    let after = daemon.scrape();
+    let backend = [
+        ("app", "postgres"),
+        ("role", "client backend"),
+        ("cluster", cluster.as_str()),
+    ];
+    let relation_reads = delta(
+        &before,
+        &after,
+        "pgio_relation_io_seconds_count",
+        &[backend[0], backend[1], backend[2], ("syscall", "pread64")],
+    );
+    let syscall_reads = delta(
+        &before,
+        &after,
+        "pgio_syscall_seconds_count",
+        &[backend[0], backend[1], backend[2], ("syscall", "pread64")],
+    );
+    let inconsistent = delta(&before, &after, "pgio_inconsistent_reads_total", &[]);
+    eprintln!(
+        "{} scrapes back to back, {} samples stepped back; real cluster's client backends: \
+         pread64 {syscall_reads}, by relation {relation_reads}; inconsistent reads served \
+         from the last consistent view {inconsistent}",
+        watched.scrapes,
+        watched.steps_back.len()
+    );
+    assert!(watched.scrapes >= 100, "{} scrapes", watched.scrapes);
+    assert!(
+        watched.clean(),
+        "{} samples stepped back, {} series twice in a scrape:\n{}",
+        watched.steps_back.len(),
+        watched.duplicates.len(),
+        watched.describe(30)
+    );
+    assert!(syscall_reads > 0.0, "the real cluster read nothing");
+    assert_eq!(
+        relation_reads, syscall_reads,
+        "the real cluster's reads by relation"
+    );
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+}
