@@ -4,9 +4,11 @@
 //! running 100,000 distinct statements moves the places around, never their number.
 //!
 //! Counts arrive as deltas (the kernel rows of one epoch), so every exported counter is
-//! monotonic and their sum is the total: an id's own series starts from zero when it gets its
-//! place (what it booked into `(rest)` before stays there), and when it loses the place its
-//! series ends and what it showed moves into `(rest)`.
+//! monotonic: an id's own series starts from zero when it first gets its place (what it
+//! booked into `(rest)` before stays there), and when it loses the place its series ends and
+//! what it showed moves into `(rest)` (the sum over ids stays the total). An id that gets a
+//! place back within the next interval goes on from what its series showed (from 0 it would
+//! read as a counter reset); from then on that amount is in both.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     time::{Duration, Instant},
@@ -79,6 +81,11 @@ pub struct Places {
     ranked_at: Option<Instant>,
     /// What is exported: cumulative since each key began.
     pub exported: BTreeMap<(SeriesId, Qid), Counts>,
+    /// What the series of ids that lost their place showed, and the ranking they lost it in
+    /// (kept one interval more; at most the ids exported).
+    ended: HashMap<(SeriesId, u64), (Counts, u64)>,
+    /// Rankings so far.
+    rankings: u64,
 }
 
 impl Places {
@@ -90,6 +97,8 @@ impl Places {
             candidates: 0,
             ranked_at: None,
             exported: BTreeMap::new(),
+            ended: HashMap::new(),
+            rankings: 0,
         }
     }
 
@@ -106,7 +115,17 @@ impl Places {
             }
             other => other,
         };
-        self.exported.entry((series, key)).or_default().merge(d);
+        let ended = &mut self.ended;
+        self.exported
+            .entry((series, key))
+            .or_insert_with(|| match key {
+                Qid::Id(id) => ended
+                    .remove(&(series, id))
+                    .map(|(c, _)| c)
+                    .unwrap_or_default(),
+                _ => Counts::default(),
+            })
+            .merge(d);
     }
 
     /// Whether `id` has a place in `group` (taking a free one), after counting its IO time.
@@ -141,6 +160,9 @@ impl Places {
             return;
         }
         self.ranked_at = Some(now);
+        self.rankings += 1;
+        let rankings = self.rankings;
+        self.ended.retain(|_, (_, at)| *at + 1 >= rankings);
         let recent = std::mem::take(&mut self.recent);
         self.candidates = 0;
         let mut members: HashMap<Group, HashSet<u64>> = HashMap::new();
@@ -165,25 +187,28 @@ impl Places {
     /// their series' `(rest)` (the sum over ids stays the total), and of series gone.
     pub fn retain(&mut self, group_of: impl Fn(SeriesId) -> Option<Group>) {
         let members = &self.members;
-        let mut moved: Vec<(SeriesId, Counts)> = Vec::new();
+        let mut moved: Vec<(SeriesId, u64, Counts)> = Vec::new();
         self.exported.retain(|(series, qid), counts| {
             let Some(group) = group_of(*series) else {
                 return false;
             };
             match qid {
                 Qid::Id(id) if !members.get(&group).is_some_and(|m| m.contains(id)) => {
-                    moved.push((*series, std::mem::take(counts)));
+                    moved.push((*series, *id, std::mem::take(counts)));
                     false
                 }
                 _ => true,
             }
         });
-        for (series, counts) in moved {
+        for (series, id, counts) in moved {
             self.exported
                 .entry((series, Qid::Rest))
                 .or_default()
                 .merge(&counts);
+            self.ended.insert((series, id), (counts, self.rankings));
         }
+        self.ended
+            .retain(|(series, _), _| group_of(*series).is_some());
     }
 
     /// Ids of each group that had IO in this interval but no place.
@@ -259,9 +284,15 @@ mod tests {
             Some(7),
             "1 has no place until the next ranking"
         );
+        // At the next ranking 1 (busy since) gets a place back: its series goes on from the
+        // query it showed (from 0 it would read as a counter reset).
+        let t2 = t1 + INTERVAL;
+        p.book(t2, s, &g, Qid::Id(1), &counts(9, 90_000));
+        assert_eq!(queries(&p, Qid::Id(1)), Some(10));
         // A series gone ends all its keys.
         p.retain(|_| None);
         assert!(p.exported.is_empty());
+        assert!(p.ended.is_empty());
     }
 
     #[test]
