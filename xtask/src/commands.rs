@@ -194,7 +194,10 @@ fn test_steps(root: &Path, skip_setup: bool, extra: &[String], steps: &mut crate
             "not root and CI unset: root-only integration tests may skip ({REQUIRE} unset)"
         ));
     }
-    steps.run_tests(&describe(&cmd), &mut cmd);
+    {
+        let _ports = crate::ports::ReservedPorts::reserve();
+        steps.run_tests(&describe(&cmd), &mut cmd);
+    }
     if !is_root() {
         step("not root: skipping the guest tests and the benchmark smoke run");
         return;

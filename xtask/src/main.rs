@@ -11,6 +11,7 @@ mod cross;
 mod deploy;
 mod image;
 mod integration;
+mod ports;
 mod sbom;
 mod steps;
 mod toolchain;
