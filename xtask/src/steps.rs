@@ -1,7 +1,7 @@
 //! The steps of `cargo xtask test`: each is announced, run and timed, a failing one does not
 //! stop the ones after it (one flaky test must not hide the rest of the suite), and the run
 //! ends with a table of every step, its time and outcome, then every failure by name.
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -98,10 +98,11 @@ fn run_reading_failures(cmd: &mut Command, failed: &mut Vec<String>) -> Result<(
     cmd.stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut binary = String::new();
-    let mut err = std::io::stderr();
     for line in BufReader::new(reader).lines() {
         let line = line.context("reading the test output")?;
-        let _ = writeln!(err, "{line}");
+        // eprintln!, not a write to the stderr handle: under `cargo test` the harness
+        // captures it, so this module's own test does not print a failing test.
+        eprintln!("{line}");
         if let Some(b) = running_binary(&line) {
             binary = b.to_owned();
         } else if let Some(t) = failed_test(&line) {
