@@ -406,14 +406,13 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
     let (status, body) = healthz_on(&mut s);
     let healthz_time = t.elapsed();
     drop(s);
-    // Connections the kernel completed wait in the accept queue until pgio takes and evicts
-    // them: on a loaded machine (CI: 20,668 of 20,874 after 0.5 s) that takes a while.
+    // Every connection past the cap is closed or refused: evicted, or, while the attackers
+    // are slow to open the rest (59-66 s for 21,002 on a loaded CI machine), closed at the
+    // header time-out first (CI: 20,668 and 20,682 evicted or refused of 20,874).
     let closed_now = || {
         let m = daemon.scrape();
-        m.sum(
-            "pgio_http_connections_closed_total",
-            &[("reason", "evicted")],
-        ) + m.sum("pgio_http_connections_rejected_total", &[])
+        m.sum("pgio_http_connections_closed_total", &[])
+            + m.sum("pgio_http_connections_rejected_total", &[])
     };
     let past_cap = held.saturating_sub(HTTP_CAP) as f64;
     wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
@@ -423,7 +422,7 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
     eprintln!(
         "{held} connections established by {holders_n} attackers in {opened:?} (pgio's limit \
          {limit} fds); pgio's sockets {before} before, {during} during; /healthz \
-         {status:?} in {healthz_time:?}; {closed} evicted or refused"
+         {status:?} in {healthz_time:?}; {closed} closed or refused"
     );
     assert!(
         held > limit as usize,
@@ -438,7 +437,7 @@ fn healthz_answers_while_connections_outnumber_pgio_fds() {
     assert!(healthz_time < Duration::from_secs(2), "{healthz_time:?}");
     assert!(
         closed >= (held - HTTP_CAP) as f64,
-        "{closed} connections evicted or refused of {} past the cap",
+        "{closed} connections closed or refused of {} past the cap",
         held - HTTP_CAP
     );
 
