@@ -51,8 +51,9 @@ impl ReservedPorts {
 
 impl Drop for ReservedPorts {
     fn drop(&mut self) {
+        // With a newline: an empty write never reaches the sysctl, which kept the ports.
         if let Some(before) = self.before.take()
-            && let Err(e) = std::fs::write(SYSCTL, &before)
+            && let Err(e) = std::fs::write(SYSCTL, format!("{before}\n"))
         {
             step(format!("could not put {SYSCTL} back to {before:?}: {e}"));
         }
