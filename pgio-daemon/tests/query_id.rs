@@ -4,8 +4,9 @@
 //! reads are `pread`/`preadv` syscalls), run three times by one session.
 //! - each statement's queries appear under the `queryid` pg_stat_statements shows for it, as
 //!   many as its `calls`;
-//! - their IO time is within 25 % of pg_stat_statements' read time of the same statements
-//!   (PostgreSQL times each buffer read around the same syscall pgio times);
+//! - their IO time is at most pg_stat_statements' read time of the same statements, plus
+//!   15 % and the session's writes (PostgreSQL times each buffer read around the same
+//!   syscall pgio times, and no write of pg_stat_statements' own text file);
 //! - every query of the session is booked under some queryid: the sum over queryid series
 //!   equals `pgio_query_seconds_count` of the session's series, exactly;
 //! - with `max_query_ids = 5` (PostgreSQL 17), 5 ids have series of their own (the places go
@@ -171,6 +172,24 @@ fn run(major: u32, port: u16, max_ids: usize) {
         let (c0, io0) = then.get(id).copied().unwrap_or_default();
         (c - c0, io - io0)
     };
+    // pg_stat_statements writes each new statement's text to its file at the statement's
+    // first end (a `pwrite64` in the query, which PostgreSQL times as no read): pgio books
+    // it as the id's IO. The session's write time in the window bounds it; with other
+    // tests writing, one such write took 3 ms in CI.
+    let writes_ms = ["pwrite64", "pwritev", "pwritev2", "fsync", "fdatasync"]
+        .iter()
+        .map(|sc| {
+            let l = [
+                ("cluster", cluster.as_str()),
+                ("database", DB),
+                ("role", "client backend"),
+                ("syscall", sc),
+            ];
+            after.sum("pgio_syscall_seconds_sum", &l) - before.sum("pgio_syscall_seconds_sum", &l)
+        })
+        .sum::<f64>()
+        * 1e3;
+    eprintln!("{name}: the session's writes and syncs: {writes_ms:.3} ms");
     let (mut pgss_ms, mut pgio_s, mut own) = (0.0, 0.0, 0);
     for line in rows.lines() {
         let f: Vec<&str> = line.split('|').collect();
@@ -195,11 +214,12 @@ fn run(major: u32, port: u16, max_ids: usize) {
             own += 1;
             assert_eq!(n, calls, "{name}: queries of queryid {id}");
             // PostgreSQL times each read around the syscall pgio times (and, on a busy CPU,
-            // also the wait to run again after it): never much less than pgio's. IO of
+            // also the wait to run again after it): never much less than pgio's. Reads of
             // another id booked here would break it (tables of 2 to 21 MB).
             assert!(
-                io * 1e3 <= ms * 1.15 + 0.2,
-                "{name}: queryid {id}: pgio {:.3} ms of IO, PostgreSQL timed {ms} ms of reads",
+                io * 1e3 <= ms * 1.15 + 0.2 + writes_ms,
+                "{name}: queryid {id}: pgio {:.3} ms of IO, PostgreSQL timed {ms} ms of reads, \
+                 the session wrote for {writes_ms:.3} ms",
                 io * 1e3
             );
             assert!(io > 0.0, "{name}: queryid {id}: no IO time");
