@@ -55,7 +55,12 @@ pub struct KernelOffsets {
     /// registers (`bpf_task_pt_regs`, Linux >= 5.15, and pgio reads them on x86_64): the
     /// query family then needs no `sys_enter_*` program on the client socket's calls.
     pub syscall_args_from_regs: u32,
+    /// `struct task_struct.__state` (`state` before 5.14): 0 while runnable.
+    pub task_state: u32,
+    /// `struct task_struct.sched_info.run_delay`: the task's time on a run queue (ns); 0
+    /// when the kernel has no `sched_info` (no `CONFIG_SCHED_INFO`): `query_wait` is off.
+    pub task_run_delay: u32,
 }
 
-crate::abi_size!(KernelOffsets, 84, 4);
+crate::abi_size!(KernelOffsets, 92, 4);
 crate::abi_pod!(KernelOffsets);

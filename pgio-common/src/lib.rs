@@ -15,6 +15,7 @@ pub mod key_quota;
 pub mod lifecycle;
 pub mod query;
 pub mod query_id;
+pub mod query_wait;
 pub mod relation;
 pub mod syscall;
 

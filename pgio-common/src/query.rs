@@ -20,7 +20,7 @@
 //!   handshake are cycles too (`EncryptedConnections` counts connections, so they can be
 //!   told apart).
 
-use crate::SeriesId;
+use crate::{SeriesId, query_wait::PARTS};
 
 crate::abi_enum! {
     /// What a query histogram measures.
@@ -35,6 +35,8 @@ crate::abi_enum! {
         MultiSend = 3 => "multi_send",
         /// Encrypted connections that started while pgio ran (count only).
         EncryptedConnections = 4 => "encrypted_connections",
+        /// The queries' time in one `query_wait::Part` (a sum only, userspace's).
+        Part = 5 => "part",
     }
 }
 
@@ -106,6 +108,8 @@ pub struct QueryRow {
     /// Per metric of [`ROW_METRICS`]: observations above 0 ns in each log2 slot
     /// (`hist::slot`).
     pub slots: [[u64; crate::hist::SLOTS]; 3],
+    /// The queries' time per `query_wait::Part` (ns).
+    pub parts_ns: [u64; PARTS],
 }
 
 impl QueryRow {
@@ -116,6 +120,7 @@ impl QueryRow {
         multi_send: 0,
         encrypted_connections: 0,
         slots: [[0; crate::hist::SLOTS]; 3],
+        parts_ns: [0; PARTS],
     };
 }
 
@@ -157,6 +162,8 @@ pub struct QueryRun {
     pub _pad: [u8; 3],
     /// Per metric: observations in slots `base..base + RUN_SLOTS`.
     pub counts: [[u32; RUN_SLOTS]; 3],
+    /// Its queries' time per `query_wait::Part` (ns).
+    pub parts_ns: [u64; PARTS],
 }
 
 /// `QUERY_RUNS`' value: the runs of one CPU.
@@ -231,6 +238,9 @@ pub struct QueryState {
     /// `Pending`.
     pub pending: u8,
     pub _pad: [u8; 3],
+    /// This way's index in `QUERY` (and in `query_wait`'s arrays).
+    pub index: u32,
+    pub _pad2: u32,
 }
 
 /// `QUERY` holds `QUERY_SETS` sets of `QUERY_WAYS` connections; a thread's set is its id's
@@ -278,10 +288,10 @@ pub const fn is_connection_start(b: &[u8; 8]) -> bool {
 pub const SERVES_CLIENTS_WORDS: u32 = crate::CHILD_SERIES_MAX / 64;
 
 crate::abi_size!(QueryKey, 8, 4);
-crate::abi_size!(QueryRow, 1608, 8);
-crate::abi_size!(QueryState, 88, 8);
-crate::abi_size!(QueryRun, 176, 8);
-crate::abi_size!(QueryRuns, 4 * 176 + 8, 8);
+crate::abi_size!(QueryRow, 1608 + 8 * PARTS, 8);
+crate::abi_size!(QueryState, 96, 8);
+crate::abi_size!(QueryRun, 176 + 8 * PARTS, 8);
+crate::abi_size!(QueryRuns, 4 * (176 + 8 * PARTS) + 8, 8);
 crate::abi_pod!(QueryKey, QueryRow, QueryState, QueryRun, QueryRuns);
 
 #[cfg(test)]

@@ -40,6 +40,9 @@ pub struct IdSource {
     pub my_be_entry: u64,
     /// Offset of `st_query_id` in `PgBackendStatus`.
     pub offset: u64,
+    /// Address of the `my_wait_event_info` pointer (a global; 0: not found): where the
+    /// backend's wait event is (`query_wait`).
+    pub my_wait_event_info: u64,
 }
 
 /// Key of `QUERY_ID_HIST`.
@@ -74,6 +77,8 @@ pub struct QueryIdRow {
     pub misses: u64,
     /// Per metric: observations above 0 ns in each log2 slot (`hist::slot`).
     pub slots: [[u64; crate::hist::SLOTS]; ID_METRICS],
+    /// The queries' time per `query_wait::Part` (ns).
+    pub parts_ns: [u64; crate::query_wait::PARTS],
 }
 
 impl QueryIdRow {
@@ -83,6 +88,7 @@ impl QueryIdRow {
         miss_ns: 0,
         misses: 0,
         slots: [[0; crate::hist::SLOTS]; ID_METRICS],
+        parts_ns: [0; crate::query_wait::PARTS],
     };
 }
 
@@ -92,7 +98,11 @@ impl Default for QueryIdRow {
     }
 }
 
-crate::abi_size!(IdSource, 16, 8);
+crate::abi_size!(IdSource, 24, 8);
 crate::abi_size!(QueryIdKey, 16, 8);
-crate::abi_size!(QueryIdRow, 48 + 2 * 8 * crate::hist::SLOTS, 8);
+crate::abi_size!(
+    QueryIdRow,
+    48 + 2 * 8 * crate::hist::SLOTS + 8 * crate::query_wait::PARTS,
+    8
+);
 crate::abi_pod!(IdSource, QueryIdKey, QueryIdRow);

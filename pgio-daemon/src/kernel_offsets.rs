@@ -30,6 +30,18 @@ pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
             (0, off)
         }
     };
+    // The task's state: `__state` since 5.14, `state` before.
+    let task_state = btf
+        .offset_of("task_struct", "__state")
+        .or_else(|_| btf.offset_of("task_struct", "state"))?;
+    // Run-queue time: only with `CONFIG_SCHED_INFO` (0: `query_wait` is off).
+    let task_run_delay = match (
+        btf.offset_of("task_struct", "sched_info"),
+        btf.offset_of("sched_info", "run_delay"),
+    ) {
+        (Ok(a), Ok(b)) => a + b,
+        _ => 0,
+    };
     Ok(KernelOffsets {
         request_cmd_flags: btf.offset_of("request", "cmd_flags")?,
         request_data_len: btf.offset_of("request", "__data_len")?,
@@ -54,6 +66,8 @@ pub fn from_btf(btf: &KernelBtf) -> Result<KernelOffsets> {
         syscall_args_from_regs: u32::from(
             cfg!(target_arch = "x86_64") && btf.has_helper("BPF_FUNC_task_pt_regs"),
         ),
+        task_state,
+        task_run_delay,
     })
 }
 

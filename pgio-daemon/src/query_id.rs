@@ -19,6 +19,7 @@ use pgio_common::{
     SeriesId,
     key_quota::OWNER_SLOTS,
     query_id::{ID_METRICS, IdKind, IdSource, QUOTA, QueryIdKey, QueryIdRow},
+    query_wait::Part,
 };
 
 use crate::{
@@ -50,6 +51,12 @@ pub struct QueryIdFamily;
 
 fn on(config: &Config) -> bool {
     config.queries && config.max_query_ids > 0
+}
+
+/// Whether the postmasters' `IdSource`s are kept: also where `query_wait` reads a backend's
+/// wait event, so whenever queries are timed.
+fn sources_on(config: &Config) -> bool {
+    config.queries
 }
 
 /// Keys of `QUERY_ID_HIST`: the (series, id) pairs of one or two seconds (1 KiB each, 2 MiB
@@ -88,7 +95,14 @@ impl Family for QueryIdFamily {
         Setup {
             map_sizes: vec![
                 (HIST.map, size(HIST_ENTRIES)),
-                (SOURCE_MAP, size(SOURCE_ENTRIES)),
+                (
+                    SOURCE_MAP,
+                    if sources_on(config) {
+                        SOURCE_ENTRIES
+                    } else {
+                        1
+                    },
+                ),
             ],
             globals: vec![(ENABLED_GLOBAL, vec![u8::from(on(config))])],
         }
@@ -106,6 +120,7 @@ impl Family for QueryIdFamily {
                 sources: sources::Sources::default(),
             }),
             on: on(config),
+            sources_on: sources_on(config),
         });
         Ok(Taken {
             balanced: Some(inner.clone()),
@@ -121,6 +136,7 @@ struct Inner {
     max_entries: u32,
     state: Mutex<State>,
     on: bool,
+    sources_on: bool,
 }
 
 struct State {
@@ -147,6 +163,7 @@ fn counts(row: &QueryIdRow) -> Counts {
         io: hist(1),
         miss_ns: row.miss_ns,
         misses: row.misses,
+        parts_ns: row.parts_ns,
     }
 }
 
@@ -222,7 +239,7 @@ impl Source for QueryIdSource {
     /// Tells the kernel where new postmasters' backends keep their query id, then takes the
     /// last epoch's rows.
     fn housekeep(&self, tracked: &SharedTracked) {
-        if !self.0.on {
+        if !self.0.sources_on {
             return;
         }
         let postmasters = sources::postmasters(tracked);
@@ -238,7 +255,9 @@ impl Source for QueryIdSource {
             }
             lock(&self.0.state).sources.store(pid, found);
         }
-        self.0.drain(tracked);
+        if self.0.on {
+            self.0.drain(tracked);
+        }
     }
 }
 
@@ -296,6 +315,11 @@ pub static QUERY_ID_CACHE_MISSES: MetricFamily = MetricFamily {
     help: "Per query id, reads during its queries that missed the page cache.",
     kind: Kind::Counter,
 };
+pub static QUERY_ID_PART_SECONDS: MetricFamily = MetricFamily {
+    name: "pgio_query_id_part_seconds",
+    help: "pgio_query_part_seconds per query id (see pgio_query_id_seconds): where the id's query time went, by part (seconds).",
+    kind: Kind::Counter,
+};
 pub static QUERY_ID_REST: MetricFamily = MetricFamily {
     name: "pgio_query_id_rest_ids",
     help: "Query ids of a database with IO time in the last minute that had no place (more than max_query_ids): booked as queryid=\"(rest)\".",
@@ -336,6 +360,18 @@ impl Snapshot for QueryIdSnapshot {
         let mut f = enc.family(&QUERY_ID_CACHE_MISSES);
         for (q, l, c) in &labelled {
             f.counter(labels(q, l), c.misses);
+        }
+        let mut f = enc.family(&QUERY_ID_PART_SECONDS);
+        for (q, l, c) in &labelled {
+            for (part, ns) in Part::ALL.iter().zip(c.parts_ns) {
+                if ns != 0 {
+                    let labels = WithLabels {
+                        series: l,
+                        extra: [("queryid", q.as_str()), ("part", part.name())],
+                    };
+                    f.counter_f64(labels, ns as f64 / 1e9);
+                }
+            }
         }
         let mut f = enc.family(&QUERY_ID_REST);
         for ((cluster, database), n) in &self.in_rest {

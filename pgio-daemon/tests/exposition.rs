@@ -7,6 +7,7 @@ use pgio_common::{
     drops::DROP_REASONS,
     hist::{Bucket, slot},
     query::{QueryMetric, Wire},
+    query_wait::Part,
     relation::{Fork, RelFile},
     syscall::{Cache, Syscall},
 };
@@ -138,8 +139,30 @@ fn all_families() -> Readings {
                 series,
                 metric,
                 wire,
+                part: Part::Cpu,
             },
             h(n as u64 + 20, misses),
+        );
+    }
+    // Where the plain queries' time went.
+    for (part, ns) in [
+        (Part::Cpu, 1_250_000_000),
+        (Part::Runnable, 30_000_000),
+        (Part::Io, 700_000_000),
+        (Part::Lock, 2_000_000_000),
+    ] {
+        let hist = Log2Hist {
+            sum_ns: ns,
+            ..Log2Hist::default()
+        };
+        r.queries.0.insert(
+            QueryId {
+                series: pg,
+                metric: QueryMetric::Part,
+                wire: Wire::Plain,
+                part,
+            },
+            hist,
         );
     }
     // Query ids: one with a place (pg_stat_statements shows it signed), the rest, a query
@@ -161,6 +184,9 @@ fn all_families() -> Readings {
                 io: h(n + 44, 0),
                 miss_ns: 1_500_000 * n,
                 misses: 3 * n,
+                parts_ns: core::array::from_fn(
+                    |p| if p < 3 { 1_000_000 * (n + p as u64) } else { 0 },
+                ),
             },
         );
     }

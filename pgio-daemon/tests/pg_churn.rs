@@ -16,7 +16,7 @@
 mod common;
 
 use common::{Daemon, delta};
-use pgio_testkit::{PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir};
+use pgio_testkit::{CpuHogs, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir};
 
 const SYSCALLS: &str = "pgio_syscall_seconds_count";
 
@@ -167,31 +167,4 @@ fn new_backends_leave_the_provisional_series_quickly() {
     assert_eq!(phantoms, 0.0, "client backends tracked after pgbench ended");
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
-}
-
-/// Busy-loop processes we started; killed by PID on drop.
-struct CpuHogs(Vec<std::process::Child>);
-
-impl CpuHogs {
-    fn start(n: usize) -> CpuHogs {
-        CpuHogs(
-            (0..n)
-                .map(|_| {
-                    std::process::Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .spawn()
-                        .expect("busy loop")
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for CpuHogs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

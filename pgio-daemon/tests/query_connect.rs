@@ -10,10 +10,12 @@
 //! with `-M prepared`, one Parse/Sync round trip per connection), exactly.
 mod common;
 
-use std::process::{Child, Command};
-
 use common::{Daemon, delta, delta_by, losses};
-use pgio_testkit::{MonotonicWatch, PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir};
+use pgio_testkit::{
+    CpuHogs, MonotonicWatch, PgCluster, PgOptions,
+    cpu_hogs::{FORK, SPIN},
+    pg_bin_dir, require_root, temp_dir,
+};
 
 const QUERIES: &str = "pgio_query_seconds_count";
 
@@ -43,7 +45,7 @@ fn pg15_new_connections_first_round_trip_counted_under_load() {
     let daemon = Daemon::with_config("").expect("daemon");
     daemon.wait_tracked("postgres", "postmaster");
 
-    let load = Load::start();
+    let load = CpuHogs::scripts(&[SPIN, SPIN, FORK]);
     // Scrapes back to back meanwhile: a scrape that reads a count twice, or misses one, while
     // the once-a-second pass moves a new backend's counts out of its provisional series
     // shows as a counter stepping back at the next scrape.
@@ -151,33 +153,4 @@ fn pg15_new_connections_first_round_trip_counted_under_load() {
     assert!(failures.is_empty(), "{failures:#?}");
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
-}
-
-/// Two busy loops and a fork storm (a shell forking `true` back to back), ours, killed by
-/// PID on drop.
-struct Load(Vec<Child>);
-
-impl Load {
-    fn start() -> Load {
-        let spawn = |script: &str| {
-            Command::new("sh")
-                .args(["-c", script])
-                .spawn()
-                .expect("load process")
-        };
-        Load(vec![
-            spawn("while :; do :; done"),
-            spawn("while :; do :; done"),
-            spawn("while :; do /bin/true; done"),
-        ])
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

@@ -63,8 +63,8 @@ fn run(major: u32, port: u16, max_ids: usize) {
         .setting("compute_query_id", "on")
         .setting("track_io_timing", "on");
     if major >= 18 {
-        // The backend's own reads (io workers' reads are its IO time only with the opt-in
-        // uprobe, `query_probes`).
+        // The backend's own reads, timed by PostgreSQL around the very syscalls pgio times
+        // (`query_wait.rs` checks the io workers' case against `pg_stat_io`).
         opts = opts.setting("io_method", "sync");
     }
     let mut pg = PgCluster::init_with(opts).expect("initdb");

@@ -7,7 +7,7 @@
 //! | hook | families, in order |
 //! |---|---|
 //! | `sys_exit_<IO syscall>` | syscall (latency), query (IO time of the running query), relation (per file) |
-//! | `sched_switch` | query (this CPU's runs), syscall (the thread's call in progress) |
+//! | `sched_switch` | query_wait (a query thread's blocked intervals), query (this CPU's runs), syscall (the thread's call in progress) |
 //! | `sched_process_fork` | lifecycle (the child's series, the fork event), query_id (where the child's id is) |
 //! | `sched_process_exit` | syscall, query, relation (the thread's state); for a process: query_id, lifecycle |
 use aya_ebpf::{
@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use pgio_common::syscall::{Cache, Syscall};
 
-use crate::{lifecycle, query, query_id, relation, syscall};
+use crate::{lifecycle, query, query_id, query_wait, relation, syscall};
 
 /// An IO syscall's exit: its latency, then the running query's IO time and its file's row.
 #[inline(always)]
@@ -53,19 +53,32 @@ io_syscall_exits! {
 }
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, …)`, in
-/// the context of `prev`. The query family moves this CPU's runs into their rows when it goes
-/// idle (`next` is the idle task, pid 0) or they are old; the syscall family spills the
-/// leaving thread's call in progress.
+/// the context of `prev`. A query thread's blocked intervals open and close (before the
+/// syscall family forgets the leaving thread's call: `query_wait` reads it); the query family
+/// moves this CPU's runs into their rows when it goes idle (`next` is the idle task, pid 0)
+/// or they are old; the syscall family spills the leaving thread's call in progress.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     let pid_at = crate::kernel_offsets::offsets().task_pid as u64;
+    let preempt: u64 = ctx.arg(0);
+    let prev: u64 = ctx.arg(1);
     let next: u64 = ctx.arg(2);
-    // SAFETY: `next` is a BTF task pointer and the offset a constant of the frozen globals:
-    // a plain load the verifier checks (and guards against faults).
-    let next_idle = pid_at != 0
-        && next != 0
-        && unsafe { core::ptr::read_volatile((next + pid_at) as *const i32) } == 0;
-    query::switched(next_idle);
+    let pid = |task: u64| {
+        if pid_at == 0 || task == 0 {
+            return None;
+        }
+        // SAFETY: a BTF task pointer and the offset a constant of the frozen globals: a
+        // plain load the verifier checks (and guards against faults).
+        Some(unsafe { core::ptr::read_volatile((task + pid_at) as *const i32) } as u32)
+    };
+    let next_pid = pid(next);
+    query_wait::switched(
+        preempt as u8 != 0,
+        prev,
+        pid(prev).unwrap_or(0),
+        next_pid.unwrap_or(0),
+    );
+    query::switched(next_pid == Some(0));
     syscall::switched_out();
     0
 }

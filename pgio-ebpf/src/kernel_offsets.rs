@@ -27,6 +27,8 @@ static KERNEL_OFFSETS: KernelOffsets = KernelOffsets {
     bio_size: 0,
     block_bio_arg: 0,
     syscall_args_from_regs: 0,
+    task_state: 0,
+    task_run_delay: 0,
 };
 
 #[inline(always)]

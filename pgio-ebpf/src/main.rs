@@ -17,6 +17,7 @@ mod key_quota;
 mod lifecycle;
 mod query;
 mod query_id;
+mod query_wait;
 mod relation;
 mod sys_record;
 mod syscall;

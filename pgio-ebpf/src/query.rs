@@ -17,11 +17,12 @@ use pgio_common::{
         QueryState, RUN_BASE_UNSET, RUN_CHECK_JIFFIES, RUN_MAX_NS, RUN_SLOTS, RUNS_PER_CPU, Wire,
         is_connection_start, is_encrypted, is_ready_for_query, run_base, run_index,
     },
+    query_wait::PARTS,
 };
 
 use crate::{
     atomic::atomic_add,
-    drops, hist,
+    drops, hist, query_wait,
     sys_record::{ARG0, ARG1, ARG2, RET, field},
     thread, tracked,
 };
@@ -70,30 +71,33 @@ fn find(tid: u32) -> Option<*mut QueryState> {
 #[inline(always)]
 fn claim(tid: u32, fd: u32) -> Option<*mut QueryState> {
     let set = tid & (QUERY_SETS - 1);
-    let mut taken: Option<*mut QueryState> = None;
+    let mut taken: Option<(*mut QueryState, u32)> = None;
     let mut oldest = u64::MAX;
     for way in 0..QUERY_WAYS {
-        let s = QUERY.get_ptr_mut(set * QUERY_WAYS + way)?;
+        let index = set * QUERY_WAYS + way;
+        let s = QUERY.get_ptr_mut(index)?;
         // SAFETY: a map value (see `find`).
         let (owner, start) = unsafe { ((*s).tid, (*s).start_ns) };
         if owner == 0 {
-            taken = Some(s);
+            taken = Some((s, index));
             break;
         }
         if start < oldest {
             oldest = start;
-            taken = Some(s);
+            taken = Some((s, index));
         }
     }
-    let s = taken?;
+    let (s, index) = taken?;
     // SAFETY: a map value (see `find`).
     unsafe {
         if (*s).tid != 0 {
             drops::count(DropReason::QueryUnavailable);
+            query_wait::stop(index);
         }
         *s = QueryState {
             client_fd: fd,
             tid,
+            index,
             ..QueryState::default()
         };
         let won = core::ptr::read_volatile(&raw const (*s).tid) == tid
@@ -229,6 +233,7 @@ unsafe fn flush(r: *mut QueryRun) {
                 if (*r).multi_send != 0 {
                     atomic_add(&raw mut (*row).multi_send, (*r).multi_send as u64);
                 }
+                query_wait::add_run_parts(&raw mut (*row).parts_ns, r);
             }
             crate::query_id::book_run(series, r);
         }
@@ -258,6 +263,11 @@ unsafe fn clear(r: *mut QueryRun) {
         }
         core::ptr::write_volatile(&raw mut (*r).misses, 0);
         core::ptr::write_volatile(&raw mut (*r).multi_send, 0);
+        let mut p = 0;
+        while p < PARTS {
+            core::ptr::write_volatile(&raw mut (*r).parts_ns[p], 0);
+            p += 1;
+        }
     }
 }
 
@@ -270,9 +280,12 @@ unsafe fn book_query(series: SeriesId, s: *mut QueryState, end: u64) {
     // SAFETY: as the caller promises; not used past the fields read below.
     let q = unsafe { &*s };
     let d = end.wrapping_sub(q.start_ns);
-    // IO time is within the query's; the min guards IO done after an encrypted cycle's last
-    // send, which counts in it.
-    let o = Observed::new([d, q.io_ns.min(d), q.miss_ns.min(d)], q.misses, q.sends > 1);
+    let index = q.index;
+    // Its IO syscalls, and its blocked time under an IO wait event outside them (an io
+    // worker's reads it waited for). IO time is within the query's; the min guards IO done
+    // after an encrypted cycle's last send, which counts in it.
+    let io = q.io_ns + query_wait::finish(index);
+    let o = Observed::new([d, io.min(d), q.miss_ns.min(d)], q.misses, q.sends > 1);
     let wire = q.wire;
     // SAFETY: as the caller promises.
     let (kind, query_id) = unsafe { crate::query_id::current(s) };
@@ -334,6 +347,7 @@ unsafe fn book_query(series: SeriesId, s: *mut QueryState, end: u64) {
             (*r).base = [RUN_BASE_UNSET; 3];
         }
         count(r, &o);
+        query_wait::add_parts(index, d, &raw mut (*r).parts_ns);
         // A process not classified yet: userspace routes its rows while it knows the tgid.
         if series.is_provisional() {
             flush(r);
@@ -399,6 +413,11 @@ fn restart(s: *mut QueryState, phase: Phase, start: u64) {
         core::ptr::write_volatile(&raw mut (*s).misses, 0);
         core::ptr::write_volatile(&raw mut (*s).miss_ns, 0);
         (*s).sends = 0;
+        if phase == Phase::Waiting {
+            query_wait::stop((*s).index);
+        } else {
+            query_wait::begin((*s).index, (*s).tid, crate::query_id::wait_event_at);
+        }
     }
 }
 
@@ -518,7 +537,10 @@ fn open_connection(tid: u32, series: SeriesId, fd: u32) -> Option<*mut QueryStat
 #[inline(always)]
 fn free(s: *mut QueryState) {
     // SAFETY: a map value; the thread it named has gone (or is not a client backend).
-    unsafe { (*s).tid = 0 };
+    unsafe {
+        (*s).tid = 0;
+        query_wait::stop((*s).index);
+    }
 }
 
 /// `recvfrom(fd, buf, len, …)` before 5.15: keeps the call for its exit.
@@ -569,6 +591,7 @@ pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
                 (*s).phase = Phase::Running as u8;
             } else {
                 (*s).phase = Phase::Waiting as u8;
+                query_wait::stop((*s).index);
             }
         } else if phase == Phase::Running as u8 {
             if cycle_done {
@@ -695,6 +718,7 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
     };
     // SAFETY: a map value; only this thread's programs touch its way.
     unsafe {
+        query_wait::io_call_done((*q).index);
         let phase = (*q).phase;
         if (phase == Phase::Running as u8 || phase == Phase::AfterReply as u8)
             && (*q).wait_start_ns == 0
@@ -712,6 +736,10 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
 /// `io_method = worker` an io worker performs (no IO syscall of the backend's own).
 #[uprobe]
 pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
+    // The wait's blocked time is counted by its wait event (`AioIoCompletion`).
+    if query_wait::on() {
+        return 0;
+    }
     let Some(q) = find(thread::current().0) else {
         return 0;
     };
@@ -727,6 +755,9 @@ pub fn pgaio_wref_wait(_ctx: ProbeContext) -> u32 {
 /// Its return: the wait is IO time of the running query.
 #[uretprobe]
 pub fn pgaio_wref_wait_return(_ctx: RetProbeContext) -> u32 {
+    if query_wait::on() {
+        return 0;
+    }
     let Some(q) = find(thread::current().0) else {
         return 0;
     };

@@ -41,11 +41,18 @@ fn on() -> bool {
     unsafe { core::ptr::read_volatile(&QUERY_IDS_ON) != 0 }
 }
 
+/// Whether `QUERY_ID_SOURCE` is kept: for the ids, and for where `query_wait` reads the wait
+/// event.
+#[inline(always)]
+fn sources_on() -> bool {
+    on() || crate::query_wait::on()
+}
+
 /// A new process of a tracked parent inherits where its query id is (a postmaster's child
 /// shares its address space layout).
 #[inline(always)]
 pub fn forked(parent_tgid: u32, child_tgid: u32) {
-    if !on() {
+    if !sources_on() {
         return;
     }
     if let Some(src) = QUERY_ID_SOURCE.get_ptr(&parent_tgid) {
@@ -58,7 +65,7 @@ pub fn forked(parent_tgid: u32, child_tgid: u32) {
 /// A process' exit (its leader's): its entry goes.
 #[inline(always)]
 pub fn exited(tgid: u32) {
-    if on() {
+    if sources_on() {
         let _ = QUERY_ID_SOURCE.remove(&tgid);
     }
 }
@@ -77,6 +84,24 @@ fn find_id(tgid: u32) -> u64 {
             Ok(entry) if entry != 0 => entry.wrapping_add(src.offset),
             _ => 0,
         }
+    }
+}
+
+/// Where the current process' wait event is (`*my_wait_event_info`: its `PGPROC`'s, in shared
+/// memory, once the backend has started); 0 while not known.
+#[inline(always)]
+pub fn wait_event_at() -> u64 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some(src) = QUERY_ID_SOURCE.get_ptr(&tgid) else {
+        return 0;
+    };
+    // SAFETY: a map value; then a read of the process' own memory, which may fail.
+    unsafe {
+        let at = (*src).my_wait_event_info;
+        if at == 0 {
+            return 0;
+        }
+        bpf_probe_read_user(at as *const u64).unwrap_or(0)
     }
 }
 
@@ -186,5 +211,6 @@ pub unsafe fn book_run(series: SeriesId, r: *const QueryRun) {
         if miss_ns != 0 {
             atomic_add(&raw mut (*row).miss_ns, miss_ns);
         }
+        crate::query_wait::add_run_parts(&raw mut (*row).parts_ns, r);
     }
 }

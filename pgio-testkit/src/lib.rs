@@ -6,6 +6,7 @@
 //! (`TempDir`, `LoopDevice`, `Ext4Mount`, `PgCluster`) so they are torn down in reverse.
 
 mod cmd;
+pub mod cpu_hogs;
 pub mod daemon;
 pub mod daemonset;
 pub mod devmapper;
@@ -31,6 +32,7 @@ pub mod soak;
 use std::time::{Duration, Instant};
 
 pub use cmd::on_path;
+pub use cpu_hogs::CpuHogs;
 pub use daemon::{Daemon, rules_config};
 pub use diskstats::{DiskStats, diskstats};
 pub use ext4::Ext4Mount;

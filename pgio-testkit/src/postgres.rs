@@ -227,10 +227,15 @@ impl PgCluster {
     /// Runs `psql -X -A -t -v ON_ERROR_STOP=1 -c sql` as the OS user; returns stdout without
     /// the trailing newline (e.g. "1" for `select 1`).
     pub fn psql(&self, sql: &str) -> Result<String> {
+        self.psql_in("postgres", sql)
+    }
+
+    /// `psql` in database `db`.
+    pub fn psql_in(&self, db: &str, sql: &str) -> Result<String> {
         let mut c = self.as_os_user("psql");
         c.args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
             .args(self.conn_args())
-            .args(["-d", "postgres", "-c", sql]);
+            .args(["-d", db, "-c", sql]);
         Ok(cmd::run(&mut c)?.trim_end_matches('\n').to_owned())
     }
 

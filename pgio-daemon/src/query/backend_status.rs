@@ -23,7 +23,10 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 
 /// Binaries larger than this are not parsed (postgres is ~10 MiB).
 const MAX_EXE: u64 = 512 << 20;
-const SYMBOL: &str = "MyBEEntry";
+pub const SYMBOL: &str = "MyBEEntry";
+/// Where a backend's wait event is: `uint32 *my_wait_event_info`, which a backend points at
+/// its `PGPROC.wait_event_info` once started (`query_wait`). A dynamic symbol of 15-18 too.
+pub const WAIT_EVENT_SYMBOL: &str = "my_wait_event_info";
 /// Dynamic symbols looked through at most (postgres 15 has 10,796): a crafted binary of a
 /// made-up cluster cannot keep the pass busy.
 const MAX_SYMBOLS: usize = 1 << 18;
@@ -45,6 +48,13 @@ fn invalid(msg: String) -> io::Error {
 
 /// The address of `MyBEEntry` in process `pid`: a pointer-sized global.
 pub fn my_be_entry_symbol(pid: u32) -> io::Result<u64> {
+    symbol_addresses(pid, &[SYMBOL])?[0]
+        .ok_or_else(|| invalid(format!("/proc/{pid}/exe has no {SYMBOL}")))
+}
+
+/// The run-time addresses in process `pid` of the dynamic symbols `names` of its executable
+/// (`None`: no such symbol), found in one read of its symbol table.
+pub fn symbol_addresses(pid: u32, names: &[&str]) -> io::Result<Vec<Option<u64>>> {
     use rustix::fs::{Mode, OFlags};
     let fd = rustix::fs::open(
         format!("/proc/{pid}/exe"),
@@ -61,11 +71,20 @@ pub fn my_be_entry_symbol(pid: u32) -> io::Result<u64> {
     let (dev, ino) = (meta.dev(), meta.ino());
     let cache = object::ReadCache::new(exe);
     let elf = object::File::parse(&cache).map_err(|e| invalid(format!("/proc/{pid}/exe: {e}")))?;
-    let sym = elf
-        .dynamic_symbols()
-        .take(MAX_SYMBOLS)
-        .find(|s| s.name() == Ok(SYMBOL))
-        .ok_or_else(|| invalid(format!("/proc/{pid}/exe has no {SYMBOL}")))?;
+    let mut found: Vec<Option<u64>> = vec![None; names.len()];
+    for s in elf.dynamic_symbols().take(MAX_SYMBOLS) {
+        if let Ok(name) = s.name()
+            && let Some(i) = names.iter().position(|n| *n == name)
+        {
+            found[i] = Some(s.address());
+        }
+    }
+    if found.iter().all(Option::is_none) {
+        return Err(invalid(format!(
+            "/proc/{pid}/exe has none of {}",
+            names.join(", ")
+        )));
+    }
     let first_load = elf
         .segments()
         .map(|s| s.address())
@@ -89,7 +108,10 @@ pub fn my_be_entry_symbol(pid: u32) -> io::Result<u64> {
         .ok_or_else(|| invalid(format!("/proc/{pid}/maps: the executable is not mapped")))?;
     // The mapping starts at the first segment's page.
     let page_aligned = first_load & !0xfff;
-    Ok(base.wrapping_sub(page_aligned).wrapping_add(sym.address()))
+    Ok(found
+        .into_iter()
+        .map(|a| a.map(|a| base.wrapping_sub(page_aligned).wrapping_add(a)))
+        .collect())
 }
 
 /// A u64 of process `pid`'s memory at `addr`.

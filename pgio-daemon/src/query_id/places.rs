@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use pgio_common::SeriesId;
+use pgio_common::{SeriesId, query_wait::PARTS};
 
 use crate::hist::Log2Hist;
 
@@ -57,6 +57,8 @@ pub struct Counts {
     pub io: Log2Hist,
     pub miss_ns: u64,
     pub misses: u64,
+    /// The queries' time per `query_wait::Part` (ns).
+    pub parts_ns: [u64; PARTS],
 }
 
 impl Counts {
@@ -65,6 +67,9 @@ impl Counts {
         self.io.merge(&o.io);
         self.miss_ns = self.miss_ns.wrapping_add(o.miss_ns);
         self.misses = self.misses.wrapping_add(o.misses);
+        for (a, b) in self.parts_ns.iter_mut().zip(&o.parts_ns) {
+            *a = a.wrapping_add(*b);
+        }
     }
 }
 

@@ -76,17 +76,28 @@ fn parent(pid: u32) -> Option<u32> {
     u32::try_from(stat.ppid).ok()
 }
 
-/// Where the backends of postmaster `pid` keep their query id.
+/// Where the backends of postmaster `pid` keep their query id and their wait event. A
+/// PostgreSQL whose `PgBackendStatus` layout pgio does not know keeps its wait events.
 pub fn find(pid: u32) -> io::Result<IdSource> {
     let major = names::major(Path::new(&format!("/proc/{pid}/cwd")))?;
-    let offset = backend_status::query_id_offset(major).ok_or_else(|| {
-        io::Error::new(
+    let offset = backend_status::query_id_offset(major);
+    let found = backend_status::symbol_addresses(
+        pid,
+        &[backend_status::SYMBOL, backend_status::WAIT_EVENT_SYMBOL],
+    )?;
+    let my_be_entry = offset.and(found[0]).unwrap_or(0);
+    let my_wait_event_info = found[1].unwrap_or(0);
+    if my_be_entry == 0 && my_wait_event_info == 0 {
+        return Err(io::Error::new(
             io::ErrorKind::Unsupported,
-            format!("PgBackendStatus layout of PostgreSQL {major} unknown"),
-        )
-    })?;
+            format!(
+                "PostgreSQL {major}: no MyBEEntry of a known PgBackendStatus layout, no my_wait_event_info"
+            ),
+        ));
+    }
     Ok(IdSource {
-        my_be_entry: backend_status::my_be_entry_symbol(pid)?,
-        offset,
+        my_be_entry,
+        offset: offset.unwrap_or(0),
+        my_wait_event_info,
     })
 }

@@ -1,0 +1,331 @@
+//! Where a query's time goes (issue 47), on real PostgreSQL: Debian's 15 and PyPI's 18 with
+//! its default `io_method = worker`. One session in database `waits` runs each case alone;
+//! pgio's `pgio_query_part_seconds_total` of the session's series must show:
+//! - `select pg_sleep(1)`: `Timeout` within 5 % of 1 s;
+//! - an `UPDATE` blocked 2 s behind another session's row lock: `Lock` within 5 % of 2 s;
+//! - a CPU-bound query: `cpu` at least 95 % of its time not waiting for a CPU;
+//! - a longer one beside two busy loops per CPU: `runnable` and `cpu` within 2 % of the growth
+//!   of the backend's `/proc/<pid>/schedstat` run delay and run time;
+//! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time within 10 % of
+//!   `pg_stat_io.read_time` of client backends (PostgreSQL times the wait for the io workers);
+//! - every case: the parts add up to the queries' time within 1 %.
+mod common;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use common::{Daemon, losses};
+use pgio_testkit::{
+    CpuHogs, Metrics, PgCluster, PgOptions, PsqlSession, pg_bin_dir, require_root, temp_dir,
+    wait_until,
+};
+
+const DB: &str = "waits";
+
+/// The session's series (all client backends of `waits`).
+fn series(cluster: &str) -> [(&str, &str); 3] {
+    [
+        ("cluster", cluster),
+        ("database", DB),
+        ("role", "client backend"),
+    ]
+}
+
+/// What one case's window saw.
+struct Window {
+    queries: f64,
+    seconds: f64,
+    io: f64,
+    parts: BTreeMap<String, f64>,
+    /// The backend's run time and run-queue time (`/proc/<pid>/schedstat`), seconds.
+    run: f64,
+    queued: f64,
+}
+
+impl Window {
+    fn part(&self, p: &str) -> f64 {
+        self.parts.get(p).copied().unwrap_or(0.0)
+    }
+}
+
+fn schedstat(pid: u32) -> (f64, f64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    let f: Vec<f64> = s
+        .split_whitespace()
+        .map(|v| v.parse().expect("schedstat field"))
+        .collect();
+    (f[0] / 1e9, f[1] / 1e9)
+}
+
+struct Bench<'a> {
+    name: String,
+    daemon: &'a Daemon,
+    cluster: String,
+    session: PsqlSession,
+    pid: u32,
+}
+
+impl Bench<'_> {
+    fn parts(&self, m: &Metrics) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for s in m.matching("pgio_query_part_seconds_total", &series(&self.cluster)) {
+            *out.entry(s.labels["part"].clone()).or_default() += s.value;
+        }
+        out
+    }
+
+    /// Sends `sql` and waits until it is booked (outside any window).
+    fn run(&mut self, sql: &str) {
+        let l = series(&self.cluster);
+        let count = |m: &Metrics| m.sum("pgio_query_seconds_count", &l);
+        let want = count(&self.daemon.scrape()) + 1.0;
+        self.session.send(sql).expect("send");
+        assert!(
+            wait_until(Duration::from_secs(30), Duration::from_millis(50), || {
+                count(&self.daemon.scrape()) >= want
+            }),
+            "{}: {sql}: not booked",
+            self.name
+        );
+    }
+
+    /// Sends `sql` (and `also` while it runs), waits until `n` more queries are booked.
+    fn window(&mut self, sql: &str, n: f64, also: impl FnOnce()) -> Window {
+        let l = series(&self.cluster);
+        let before = self.daemon.scrape();
+        let s0 = schedstat(self.pid);
+        self.session.send(sql).expect("send");
+        also();
+        let count = |m: &Metrics| m.sum("pgio_query_seconds_count", &l);
+        let want = count(&before) + n;
+        assert!(
+            wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
+                count(&self.daemon.scrape()) >= want
+            }),
+            "{}: {sql}: not booked",
+            self.name
+        );
+        let s1 = schedstat(self.pid);
+        let after = self.daemon.scrape();
+        let (p0, p1) = (self.parts(&before), self.parts(&after));
+        let parts = p1
+            .iter()
+            .map(|(k, v)| (k.clone(), v - p0.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, v)| *v != 0.0)
+            .collect();
+        let d = |name: &str| after.sum(name, &l) - before.sum(name, &l);
+        let w = Window {
+            queries: d("pgio_query_seconds_count"),
+            seconds: d("pgio_query_seconds_sum"),
+            io: d("pgio_query_io_seconds_sum"),
+            parts,
+            run: s1.0 - s0.0,
+            queued: s1.1 - s0.1,
+        };
+        eprintln!(
+            "{}: {sql}: {} queries, {:.4} s (IO {:.4} s); parts {:?}; schedstat run {:.4} s, queued {:.4} s",
+            self.name, w.queries, w.seconds, w.io, w.parts, w.run, w.queued
+        );
+        let sum: f64 = w.parts.values().sum();
+        assert!(
+            (sum - w.seconds).abs() <= 0.01 * w.seconds + 1e-4,
+            "{}: {sql}: parts add up to {sum} s, the queries took {} s ({})",
+            self.name,
+            w.seconds,
+            losses(&before, &after)
+        );
+        w
+    }
+}
+
+fn within(name: &str, what: &str, got: f64, want: f64, rel: f64) {
+    assert!(
+        (got - want).abs() <= rel * want,
+        "{name}: {what}: {got:.4} s, expected {want:.4} s ±{:.0} %",
+        rel * 100.0
+    );
+}
+
+fn run(major: u32, port: u16, io_method: Option<&str>) {
+    let name = format!("pg{major}_query_wait_{}", io_method.unwrap_or("default"));
+    if !require_root(&name) {
+        return;
+    }
+    let bin = pg_bin_dir(major).unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"));
+    let dir = temp_dir().expect("temp dir");
+    let pgdata = dir.path().join("pgdata");
+    let mut opts = PgOptions::new(&bin, pgdata.clone(), port)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off")
+        .setting("track_io_timing", "on");
+    if let Some(m) = io_method {
+        opts = opts.setting("io_method", m);
+    }
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    let q = |pg: &PgCluster, sql: &str| {
+        pg.psql_in(DB, sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:#}"))
+    };
+    pg.psql("create database waits").expect("create database");
+    q(&pg, "create table lock_me (id int primary key, v int)");
+    q(&pg, "insert into lock_me values (1, 0)");
+    // ~40 MB: its scan reads through the io workers (18), not shared buffers.
+    q(
+        &pg,
+        "create table big as select g, repeat('x', 200) as pad from generate_series(1, 180000) g",
+    );
+    q(&pg, "vacuum freeze big");
+    q(&pg, "checkpoint");
+    let files = q(&pg, "select pg_relation_filepath('big')");
+    // Cold shared buffers and a cold page cache for the table's file.
+    pg.stop().expect("stop");
+    pg.start().expect("start");
+    let path = pgdata.join(files.trim());
+    drop_cache(&path);
+
+    let daemon = Daemon::start(&[]).expect("daemon");
+    daemon.wait_tracked("postgres", "checkpointer");
+    let cluster = pgdata.to_string_lossy().into_owned();
+    let mut session = pg.session(DB, "postgres").expect("session");
+    // No JIT: loading LLVM's libraries blocks in page faults, without a wait event ("none").
+    session.send("set jit = off;").expect("send");
+    session.send("select 1;").expect("send");
+    let mut pid = 0;
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            pid = pg
+                .psql("select pid from pg_stat_activity where datname = 'waits'")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            pid != 0
+                && daemon
+                    .scrape()
+                    .sum("pgio_query_seconds_count", &series(&cluster))
+                    >= 1.0
+        }),
+        "{name}: the session's first query was not counted"
+    );
+    // Where PostgreSQL keeps the wait event is found once per postmaster.
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            daemon
+                .scrape()
+                .sum("pgio_query_id_postmasters", &[("state", "found")])
+                >= 1.0
+        }),
+        "{name}: pgio found no postmaster's wait events"
+    );
+    let mut b = Bench {
+        name: name.clone(),
+        daemon: &daemon,
+        cluster,
+        session,
+        pid,
+    };
+
+    // A cold scan: on 18 the io workers read, the backend waits.
+    let io_before = client_read_ms(&pg, major);
+    let w = b.window("select count(*) from big;", 1.0, || {});
+    b.run("select pg_stat_force_next_flush();");
+    if let Some(before) = io_before {
+        let mut pg_ms = 0.0;
+        wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+            pg_ms = client_read_ms(&pg, major).unwrap_or(0.0) - before;
+            pg_ms > 0.0
+        });
+        eprintln!(
+            "{name}: cold scan: pgio IO {:.4} s, pg_stat_io read_time {:.4} s",
+            w.io,
+            pg_ms / 1e3
+        );
+        within(&name, "cold scan IO time", w.io, pg_ms / 1e3, 0.10);
+    }
+    assert!(w.io > 0.0, "{name}: the cold scan had no IO time");
+
+    let w = b.window("select pg_sleep(1);", 1.0, || {});
+    within(&name, "pg_sleep(1) Timeout", w.part("Timeout"), 1.0, 0.05);
+
+    // A row lock held for 2 s by another session.
+    let mut locker = pg.session(DB, "postgres").expect("locker");
+    locker
+        .send("begin; update lock_me set v = v + 1 where id = 1;")
+        .expect("send");
+    std::thread::sleep(Duration::from_millis(500));
+    let w = b.window("update lock_me set v = v + 1 where id = 1;", 2.0, || {
+        std::thread::sleep(Duration::from_secs(2));
+        locker.send("commit;").expect("send");
+    });
+    within(&name, "blocked UPDATE's Lock", w.part("Lock"), 2.0, 0.05);
+    drop(locker);
+
+    let cpu_bound = "select count(*) from (select generate_series(1, 10000000)) s;";
+    let w = b.window(cpu_bound, 1.0, || {});
+    // Other tests may take the CPUs meanwhile: of the time it was not waiting for one.
+    assert!(
+        w.part("cpu") >= 0.95 * (w.seconds - w.part("runnable")),
+        "{name}: CPU-bound query: cpu {:.4} s of {:.4} s ({:.4} s runnable)",
+        w.part("cpu"),
+        w.seconds,
+        w.part("runnable")
+    );
+    within(&name, "cpu vs schedstat", w.part("cpu"), w.run, 0.02);
+
+    // A longer one beside two busy loops per CPU, each in its own session (autogroups): it
+    // waits for a CPU as the kernel counts it. The window's schedstat also holds the
+    // backend's wait to run when the query arrives (a few ms with every CPU busy): the query
+    // waits long enough for that to stay within 2 %.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let hogs = CpuHogs::start_in_own_sessions(2 * cpus);
+    let w = b.window(
+        "select count(*) from (select generate_series(1, 20000000)) s;",
+        1.0,
+        || {},
+    );
+    drop(hogs);
+    assert!(w.part("runnable") > 0.0, "{name}: no runnable time");
+    within(
+        &name,
+        "runnable vs schedstat",
+        w.part("runnable"),
+        w.queued,
+        0.02,
+    );
+    within(&name, "cpu vs schedstat", w.part("cpu"), w.run, 0.02);
+    daemon.stop().expect("daemon stop");
+}
+
+/// `read_time` (ms) of client backends' relation reads in `pg_stat_io` (16+).
+fn client_read_ms(pg: &PgCluster, major: u32) -> Option<f64> {
+    if major < 16 {
+        return None;
+    }
+    let v = pg
+        .psql(
+            "select coalesce(sum(read_time), 0) from pg_stat_io \
+             where backend_type = 'client backend' and object = 'relation'",
+        )
+        .ok()?;
+    v.trim().parse().ok()
+}
+
+/// Drops a file's pages from the page cache (`POSIX_FADV_DONTNEED`; clean pages after the
+/// checkpoint and stop).
+fn drop_cache(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).expect("table file");
+    f.sync_all().expect("fsync table file");
+    // SAFETY: a valid fd for the call.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
+}
+
+#[test]
+fn pg15_query_wait() {
+    run(15, 55_581, None);
+}
+
+#[test]
+fn pg18_query_wait_io_worker() {
+    run(18, 55_582, None);
+}

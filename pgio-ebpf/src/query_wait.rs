@@ -1,0 +1,318 @@
+//! Where a running query's time goes (`pgio_common::query_wait` has the rules): the
+//! `sched_switch` program books a query thread's blocked intervals under the wait event
+//! PostgreSQL set for it; `query` asks at the query's end for its IO wait and its parts.
+//!
+//! `IN_QUERY` holds, per `QUERY` way, the thread while it runs a query: the only thing every
+//! switch of every thread on the node looks at (one set of 4 ids for `prev`, one for `next`).
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user},
+    macros::map,
+    maps::Array,
+};
+use pgio_common::{
+    query::{QUERY_SETS, QUERY_WAYS, QueryRun},
+    query_wait::{PARTS, Part, QueryWait, part_of},
+    syscall::Syscall,
+};
+
+use crate::{atomic::atomic_add, kernel_offsets::offsets, thread};
+
+/// 1 when the kernel has `sched_info` and `queries` is on, written by userspace at load. Off,
+/// the verifier prunes the rest.
+#[unsafe(no_mangle)]
+static QUERY_WAIT_ON: u8 = 1;
+
+/// Per `QUERY` way: its thread while it runs a query, else 0.
+#[map]
+static IN_QUERY: Array<u32> = Array::with_max_entries(QUERY_SETS * QUERY_WAYS, 0);
+
+/// Per `QUERY` way: its thread's blocked intervals in the running query.
+#[map]
+static QUERY_WAIT: Array<QueryWait> = Array::with_max_entries(QUERY_SETS * QUERY_WAYS, 0);
+
+#[inline(always)]
+pub fn on() -> bool {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    let on = unsafe { core::ptr::read_volatile(&QUERY_WAIT_ON) } != 0;
+    let o = offsets();
+    on && o.task_run_delay != 0 && o.task_state != 0
+}
+
+/// The way in which `tid` runs a query, if it does.
+#[inline(always)]
+fn way_of(tid: u32) -> Option<u32> {
+    let set = tid & (QUERY_SETS - 1);
+    let mut way = 0;
+    while way < QUERY_WAYS {
+        let i = set * QUERY_WAYS + way;
+        if IN_QUERY.get(i).is_some_and(|t| *t == tid) {
+            return Some(i);
+        }
+        way += 1;
+    }
+    None
+}
+
+/// A u64 (or u32) field of a task, by its offset; 0 if unreadable.
+#[inline(always)]
+fn task_u64(task: u64, off: u32) -> u64 {
+    // SAFETY: a read of kernel memory, which may fail.
+    unsafe { bpf_probe_read_kernel((task + off as u64) as *const u64) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn task_u32(task: u64, off: u32) -> u32 {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel((task + off as u64) as *const u32) }.unwrap_or(0)
+}
+
+/// The running thread's `run_delay`.
+#[inline(always)]
+fn my_run_delay() -> u64 {
+    // SAFETY: the current task's address, only read through `bpf_probe_read_kernel`.
+    task_u64(unsafe { bpf_get_current_task() }, offsets().task_run_delay)
+}
+
+/// The blocked part of `w`'s open interval, booked: from leaving the CPU to running again,
+/// less the run-queue wait in between (`delay` is the thread's `run_delay` after it ran
+/// again). An interval whose end was not seen (pgio attached meanwhile) is dropped.
+///
+/// SAFETY: `w` is a `QUERY_WAIT` value of the running (or leaving) thread.
+#[inline(always)]
+unsafe fn settle(w: *mut QueryWait, delay: u64) {
+    // SAFETY: as the caller says.
+    unsafe {
+        let (off, on) = ((*w).off_ns, (*w).on_ns);
+        (*w).off_ns = 0;
+        if on < off {
+            return;
+        }
+        let queued = delay.wrapping_sub((*w).off_delay);
+        let blocked = (on - off).saturating_sub(queued);
+        let p = (*w).part as usize;
+        if p < PARTS {
+            (*w).wait_ns[p] += blocked;
+        }
+        // IO time is wall-clock, like a syscall's and like PostgreSQL's `read_time`: until
+        // the thread ran again, its run-queue wait after the wake-up included.
+        if (*w).open_io != 0 {
+            (*w).io_wait_ns += on - off;
+        }
+    }
+}
+
+/// The wait event of the thread leaving the CPU, from its own memory.
+///
+/// SAFETY: `w` is the leaving thread's `QUERY_WAIT` value; `sched_switch` runs in its context.
+#[inline(always)]
+unsafe fn wait_event(w: *const QueryWait) -> Part {
+    // SAFETY: as the caller says; then a read of the thread's memory, which may fail.
+    unsafe {
+        let at = (*w).event_at;
+        if at == 0 {
+            return Part::Unknown;
+        }
+        match bpf_probe_read_user(at as *const u32) {
+            Ok(info) => part_of(info),
+            Err(_) => Part::Unknown,
+        }
+    }
+}
+
+/// `sched_switch`, in the context of `prev`: a query thread leaving the CPU settles its last
+/// blocked interval and, if it blocks, opens one under its wait event; a query thread run
+/// again marks when.
+#[inline(always)]
+pub fn switched(preempt: bool, prev: u64, prev_pid: u32, next_pid: u32) {
+    if !on() {
+        return;
+    }
+    if prev_pid != 0
+        && let Some(i) = way_of(prev_pid)
+    {
+        left_cpu(i, prev, prev_pid, preempt);
+    }
+    if next_pid != 0
+        && let Some(i) = way_of(next_pid)
+        && let Some(w) = QUERY_WAIT.get_ptr_mut(i)
+    {
+        // SAFETY: a map value; its thread is not running anywhere while it is switched in.
+        unsafe {
+            if (*w).tid == next_pid && (*w).off_ns != 0 && (*w).on_ns == 0 {
+                (*w).on_ns = bpf_ktime_get_ns();
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn left_cpu(i: u32, task: u64, tid: u32, preempt: bool) {
+    let Some(w) = QUERY_WAIT.get_ptr_mut(i) else {
+        return;
+    };
+    let o = offsets();
+    // SAFETY: a map value of the thread leaving, in its context.
+    unsafe {
+        if (*w).tid != tid {
+            return;
+        }
+        // Preempted, or woken before it slept: it stays on a run queue (`run_delay`).
+        let blocked = !preempt && task_u32(task, o.task_state) != 0;
+        if (*w).off_ns == 0 && !blocked {
+            return;
+        }
+        let delay = task_u64(task, o.task_run_delay);
+        if (*w).off_ns != 0 {
+            settle(w, delay);
+        }
+        if !blocked {
+            return;
+        }
+        (*w).off_ns = bpf_ktime_get_ns();
+        (*w).off_delay = delay;
+        (*w).on_ns = 0;
+        // An IO syscall of this thread entered since it last ran here (its start is still
+        // in this CPU's slot): its time is the syscall family's, counted as IO already.
+        if let Some(c) = thread::slot_as_is()
+            && (*c).open != 0
+            && (*c).start.start_ns != 0
+            && (*c).start.syscall < Syscall::Futex as u8
+        {
+            (*w).in_io_call = 1;
+        }
+        let part = wait_event(w);
+        (*w).part = part as u8;
+        (*w).open_io = (part == Part::Io && (*w).in_io_call == 0) as u8;
+    }
+}
+
+/// A query starts on way `i` of thread `tid` (running): its parts from nothing.
+/// `event_at` finds where the thread's wait event is, asked once per connection.
+#[inline(always)]
+pub fn begin(i: u32, tid: u32, event_at: impl FnOnce() -> u64) {
+    if !on() {
+        return;
+    }
+    let Some(w) = QUERY_WAIT.get_ptr_mut(i) else {
+        return;
+    };
+    // SAFETY: a map value; only this thread's programs and its switches touch it.
+    // Volatile stores: merged, they become a call of a `memset` subprogram.
+    unsafe {
+        if (*w).tid != tid {
+            (*w).tid = tid;
+            (*w).event_at = 0;
+        }
+        if (*w).event_at == 0 {
+            (*w).event_at = event_at();
+        }
+        core::ptr::write_volatile(&raw mut (*w).off_ns, 0);
+        core::ptr::write_volatile(&raw mut (*w).on_ns, 0);
+        core::ptr::write_volatile(&raw mut (*w).io_wait_ns, 0);
+        (*w).in_io_call = 0;
+        (*w).open_io = 0;
+        let mut p = 0;
+        while p < PARTS {
+            core::ptr::write_volatile(&raw mut (*w).wait_ns[p], 0);
+            p += 1;
+        }
+        (*w).start_delay = my_run_delay();
+    }
+    if let Some(t) = IN_QUERY.get_ptr_mut(i) {
+        // SAFETY: a map value.
+        unsafe { core::ptr::write_volatile(t, tid) };
+    }
+}
+
+/// Way `i`'s thread runs no query any more (it waits for its client, or is gone).
+#[inline(always)]
+pub fn stop(i: u32) {
+    if !on() {
+        return;
+    }
+    if let Some(t) = IN_QUERY.get_ptr_mut(i) {
+        // SAFETY: a map value.
+        unsafe { core::ptr::write_volatile(t, 0) };
+    }
+}
+
+/// An IO syscall of way `i`'s thread returned: its blocked time is over.
+#[inline(always)]
+pub fn io_call_done(i: u32) {
+    if !on() {
+        return;
+    }
+    if let Some(w) = QUERY_WAIT.get_ptr_mut(i) {
+        // SAFETY: a map value of the running thread.
+        unsafe { (*w).in_io_call = 0 };
+    }
+}
+
+/// The query on way `i` ends now, in its thread's context: its last blocked interval is
+/// settled. Returns its blocked time under an `IO` event outside its IO syscalls.
+#[inline(always)]
+pub fn finish(i: u32) -> u64 {
+    if !on() {
+        return 0;
+    }
+    let Some(w) = QUERY_WAIT.get_ptr_mut(i) else {
+        return 0;
+    };
+    let delay = my_run_delay();
+    // SAFETY: a map value of the running thread.
+    unsafe {
+        if (*w).off_ns != 0 {
+            settle(w, delay);
+        }
+        // From here `start_delay` holds the query's run-queue time.
+        (*w).start_delay = delay.wrapping_sub((*w).start_delay);
+        (*w).io_wait_ns
+    }
+}
+
+/// The parts of the query of `d` ns that `finish` settled on way `i`, added to `parts`
+/// (a run's sums): the waits by type, the run-queue time, and the rest on CPU.
+///
+/// SAFETY: `parts` is this CPU's `QUERY_RUNS` value's array.
+#[inline(always)]
+pub unsafe fn add_parts(i: u32, d: u64, parts: *mut [u64; PARTS]) {
+    if !on() {
+        return;
+    }
+    let Some(w) = QUERY_WAIT.get_ptr(i) else {
+        return;
+    };
+    // SAFETY: a map value of the running thread; `parts` as the caller says.
+    unsafe {
+        let mut left = d;
+        let runnable = (*w).start_delay.min(left);
+        left -= runnable;
+        (*parts)[Part::Runnable as usize] += runnable;
+        let mut p = Part::NoEvent as usize;
+        while p < PARTS {
+            let ns = (*w).wait_ns[p].min(left);
+            left -= ns;
+            (*parts)[p] += ns;
+            p += 1;
+        }
+        (*parts)[Part::Cpu as usize] += left;
+    }
+}
+
+/// Run `r`'s parts of its queries' time into a row's (or a query id row's) counters.
+///
+/// SAFETY: `r` is this CPU's `QUERY_RUNS` value; `to` a map value other CPUs add to too.
+#[inline(always)]
+pub unsafe fn add_run_parts(to: *mut [u64; PARTS], r: *const QueryRun) {
+    let mut p = 0;
+    while p < PARTS {
+        // SAFETY: as the caller says.
+        unsafe {
+            let ns = (*r).parts_ns[p];
+            if ns != 0 {
+                atomic_add(&raw mut (*to)[p], ns);
+            }
+        }
+        p += 1;
+    }
+}
