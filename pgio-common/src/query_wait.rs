@@ -100,7 +100,8 @@ pub struct QueryWait {
     pub in_io_call: u8,
     /// 1: the open interval counts as IO time (an `IO` event outside an IO syscall).
     pub open_io: u8,
-    pub _pad: u8,
+    /// 1 while the thread runs a query (its intervals are booked).
+    pub in_query: u8,
 }
 
 /// A query's parts as its end books them (ns, `Part` index), and its IO wait outside IO

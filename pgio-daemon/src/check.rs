@@ -42,10 +42,18 @@ pub fn run_checks(possible_cpus: Option<u32>) -> Vec<Finding> {
             Ok(b) => {
                 // The hooks below are still checked when an offset is missing.
                 match kernel_offsets::from_btf(&b) {
-                    Ok(o) => out.push(finding(
-                        Level::Ok,
-                        format!("BTF {}: struct offsets {o:?}", btf::VMLINUX),
-                    )),
+                    Ok(o) => {
+                        out.push(finding(
+                            Level::Ok,
+                            format!("BTF {}: struct offsets {o:?}", btf::VMLINUX),
+                        ));
+                        if o.task_run_delay == 0 {
+                            out.push(finding(
+                                Level::Warn,
+                                "BTF: task_struct has no sched_info (CONFIG_SCHED_INFO): query time is not split by wait event, and PostgreSQL 18's waits for its io workers are IO time only with query_probes = true",
+                            ));
+                        }
+                    }
                     Err(e) => out.push(finding(Level::Fail, format!("BTF: {e:#}"))),
                 }
                 Some(b)

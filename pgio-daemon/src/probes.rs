@@ -318,11 +318,35 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
             attached: result.is_ok(),
         });
     }
+    if config.queries {
+        status.push(query_wait_status(&offsets, &status));
+    }
     Ok(Probes {
         ebpf,
         status,
         attachments,
     })
+}
+
+/// `query_wait`, the part of `sched_switch` that splits query time by wait event: it needs the
+/// program and the task's `sched_info` (no `CONFIG_SCHED_INFO`: no parts, and PostgreSQL 18's
+/// io worker waits are not query IO time unless `query_probes` can attach).
+fn query_wait_status(offsets: &KernelOffsets, status: &[ProbeStatus]) -> ProbeStatus {
+    let switch = status
+        .iter()
+        .any(|s| s.program == crate::syscall::SCHED_SWITCH && s.attached);
+    let attached = switch && offsets.task_run_delay != 0 && offsets.task_state != 0;
+    if !attached {
+        warn!(
+            sched_switch = switch,
+            sched_info = offsets.task_run_delay != 0,
+            "query time is not split by wait event (pgio_query_part_seconds): the kernel lacks what it needs"
+        );
+    }
+    ProbeStatus {
+        program: "sched_switch:query_wait".to_owned(),
+        attached,
+    }
 }
 
 /// A program of the object that no row names: `block_bio_queue`'s twin.

@@ -108,7 +108,7 @@ pub struct SelfSnapshot {
 
 static PROBE_ATTACHED: MetricFamily = MetricFamily {
     name: "pgio_probe_attached",
-    help: "1 when the eBPF program is attached, 0 when this kernel lacks its hook.",
+    help: "1 when the eBPF program is attached, 0 when this kernel lacks its hook; for sched_switch:query_wait, query time split by wait event (needs the task's sched_info).",
     kind: Kind::Gauge,
 };
 static EVENTS_DROPPED: MetricFamily = MetricFamily {

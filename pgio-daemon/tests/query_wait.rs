@@ -185,6 +185,15 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
 
     let daemon = Daemon::start(&[]).expect("daemon");
     daemon.wait_tracked("postgres", "checkpointer");
+    // This kernel has sched_info: the split is on, and says so.
+    assert_eq!(
+        daemon.scrape().sum(
+            "pgio_probe_attached",
+            &[("program", "sched_switch:query_wait")]
+        ),
+        1.0,
+        "{name}: query_wait not attached"
+    );
     let cluster = pgdata.to_string_lossy().into_owned();
     let mut session = pg.session(DB, "postgres").expect("session");
     // No JIT: loading LLVM's libraries blocks in page faults, without a wait event ("none").

@@ -59,7 +59,7 @@ io_syscall_exits! {
 /// or they are old; the syscall family spills the leaving thread's call in progress.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
-    let pid_at = crate::kernel_offsets::offsets().task_pid as u64;
+    let pid_at = crate::kernel_offsets::task_pid() as u64;
     let preempt: u64 = ctx.arg(0);
     let prev: u64 = ctx.arg(1);
     let next: u64 = ctx.arg(2);

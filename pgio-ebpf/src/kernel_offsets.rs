@@ -37,6 +37,26 @@ pub fn offsets() -> KernelOffsets {
     unsafe { core::ptr::read_volatile(&KERNEL_OFFSETS) }
 }
 
+/// `task_struct.pid`, read alone (`sched_switch`, at every switch).
+#[inline(always)]
+pub fn task_pid() -> u32 {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
+    unsafe { core::ptr::read_volatile(&raw const KERNEL_OFFSETS.task_pid) }
+}
+
+/// `task_struct.sched_info.run_delay` and `task_struct.__state` (0: not known), read alone:
+/// `sched_switch` asks at every switch, and a copy of the whole struct is 23 loads.
+#[inline(always)]
+pub fn task_sched() -> (u32, u32) {
+    // SAFETY: a global the loader rewrites; volatile so the compiler keeps the loads.
+    unsafe {
+        (
+            core::ptr::read_volatile(&raw const KERNEL_OFFSETS.task_run_delay),
+            core::ptr::read_volatile(&raw const KERNEL_OFFSETS.task_state),
+        )
+    }
+}
+
 /// Whether the syscall exits read the call's arguments from the saved user registers (the
 /// loader attached no `sys_enter_*` program for them).
 #[inline(always)]

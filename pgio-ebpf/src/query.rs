@@ -92,7 +92,6 @@ fn claim(tid: u32, fd: u32) -> Option<*mut QueryState> {
     unsafe {
         if (*s).tid != 0 {
             drops::count(DropReason::QueryUnavailable);
-            query_wait::stop(index);
         }
         *s = QueryState {
             client_fd: fd,
@@ -102,6 +101,9 @@ fn claim(tid: u32, fd: u32) -> Option<*mut QueryState> {
         };
         let won = core::ptr::read_volatile(&raw const (*s).tid) == tid
             && core::ptr::read_volatile(&raw const (*s).client_fd) == fd;
+        if won {
+            query_wait::connected(index, tid);
+        }
         won.then_some(s)
     }
 }
@@ -539,7 +541,7 @@ fn free(s: *mut QueryState) {
     // SAFETY: a map value; the thread it named has gone (or is not a client backend).
     unsafe {
         (*s).tid = 0;
-        query_wait::stop((*s).index);
+        query_wait::connected((*s).index, 0);
     }
 }
 

@@ -2,8 +2,11 @@
 //! `sched_switch` program books a query thread's blocked intervals under the wait event
 //! PostgreSQL set for it; `query` asks at the query's end for its IO wait and its parts.
 //!
-//! `IN_QUERY` holds, per `QUERY` way, the thread while it runs a query: the only thing every
-//! switch of every thread on the node looks at (one set of 4 ids for `prev`, one for `next`).
+//! `CONNECTED` holds, per `QUERY` way, its client backend thread: the only thing every switch
+//! of every thread on the node looks at (one set of 4 ids for `prev`, one for `next`). It is
+//! written when a connection is made or ends, not per query: a line every switch reads must
+//! not bounce between CPUs at each query (that cost +45 ns a switch under pgbench -S). Whether
+//! the thread runs a query is in its own `QUERY_WAIT` value, which its CPU has at hand.
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user},
     macros::map,
@@ -15,16 +18,16 @@ use pgio_common::{
     syscall::Syscall,
 };
 
-use crate::{atomic::atomic_add, kernel_offsets::offsets, thread};
+use crate::{atomic::atomic_add, thread};
 
 /// 1 when the kernel has `sched_info` and `queries` is on, written by userspace at load. Off,
 /// the verifier prunes the rest.
 #[unsafe(no_mangle)]
 static QUERY_WAIT_ON: u8 = 1;
 
-/// Per `QUERY` way: its thread while it runs a query, else 0.
+/// Per `QUERY` set, per way: its client backend thread, else 0 (one lookup per switch side).
 #[map]
-static IN_QUERY: Array<u32> = Array::with_max_entries(QUERY_SETS * QUERY_WAYS, 0);
+static CONNECTED: Array<[u32; QUERY_WAYS as usize]> = Array::with_max_entries(QUERY_SETS, 0);
 
 /// Per `QUERY` way: its thread's blocked intervals in the running query.
 #[map]
@@ -34,23 +37,40 @@ static QUERY_WAIT: Array<QueryWait> = Array::with_max_entries(QUERY_SETS * QUERY
 pub fn on() -> bool {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
     let on = unsafe { core::ptr::read_volatile(&QUERY_WAIT_ON) } != 0;
-    let o = offsets();
-    on && o.task_run_delay != 0 && o.task_state != 0
+    let (run_delay, state) = crate::kernel_offsets::task_sched();
+    on && run_delay != 0 && state != 0
 }
 
-/// The way in which `tid` runs a query, if it does.
+/// The way of client backend thread `tid`, if it is one.
 #[inline(always)]
 fn way_of(tid: u32) -> Option<u32> {
     let set = tid & (QUERY_SETS - 1);
+    let ways = CONNECTED.get(set)?;
     let mut way = 0;
     while way < QUERY_WAYS {
-        let i = set * QUERY_WAYS + way;
-        if IN_QUERY.get(i).is_some_and(|t| *t == tid) {
-            return Some(i);
+        if ways[way as usize] == tid {
+            return Some(set * QUERY_WAYS + way);
         }
         way += 1;
     }
     None
+}
+
+/// Way `i` now holds thread `tid`'s connection (0: none).
+#[inline(always)]
+pub fn connected(i: u32, tid: u32) {
+    if !on() {
+        return;
+    }
+    if let Some(ways) = CONNECTED.get_ptr_mut(i / QUERY_WAYS) {
+        // SAFETY: a map value; the mask proves the index.
+        unsafe {
+            core::ptr::write_volatile(
+                &raw mut (*ways)[(i % QUERY_WAYS) as usize & (QUERY_WAYS as usize - 1)],
+                tid,
+            )
+        };
+    }
 }
 
 /// A u64 (or u32) field of a task, by its offset; 0 if unreadable.
@@ -70,7 +90,10 @@ fn task_u32(task: u64, off: u32) -> u32 {
 #[inline(always)]
 fn my_run_delay() -> u64 {
     // SAFETY: the current task's address, only read through `bpf_probe_read_kernel`.
-    task_u64(unsafe { bpf_get_current_task() }, offsets().task_run_delay)
+    task_u64(
+        unsafe { bpf_get_current_task() },
+        crate::kernel_offsets::task_sched().0,
+    )
 }
 
 /// The blocked part of `w`'s open interval, booked: from leaving the CPU to running again,
@@ -138,7 +161,7 @@ pub fn switched(preempt: bool, prev: u64, prev_pid: u32, next_pid: u32) {
     {
         // SAFETY: a map value; its thread is not running anywhere while it is switched in.
         unsafe {
-            if (*w).tid == next_pid && (*w).off_ns != 0 && (*w).on_ns == 0 {
+            if (*w).tid == next_pid && (*w).in_query != 0 && (*w).off_ns != 0 && (*w).on_ns == 0 {
                 (*w).on_ns = bpf_ktime_get_ns();
             }
         }
@@ -150,18 +173,18 @@ fn left_cpu(i: u32, task: u64, tid: u32, preempt: bool) {
     let Some(w) = QUERY_WAIT.get_ptr_mut(i) else {
         return;
     };
-    let o = offsets();
+    let (run_delay_at, state_at) = crate::kernel_offsets::task_sched();
     // SAFETY: a map value of the thread leaving, in its context.
     unsafe {
-        if (*w).tid != tid {
+        if (*w).tid != tid || (*w).in_query == 0 {
             return;
         }
         // Preempted, or woken before it slept: it stays on a run queue (`run_delay`).
-        let blocked = !preempt && task_u32(task, o.task_state) != 0;
+        let blocked = !preempt && task_u32(task, state_at) != 0;
         if (*w).off_ns == 0 && !blocked {
             return;
         }
-        let delay = task_u64(task, o.task_run_delay);
+        let delay = task_u64(task, run_delay_at);
         if (*w).off_ns != 0 {
             settle(w, delay);
         }
@@ -217,22 +240,19 @@ pub fn begin(i: u32, tid: u32, event_at: impl FnOnce() -> u64) {
             p += 1;
         }
         (*w).start_delay = my_run_delay();
-    }
-    if let Some(t) = IN_QUERY.get_ptr_mut(i) {
-        // SAFETY: a map value.
-        unsafe { core::ptr::write_volatile(t, tid) };
+        (*w).in_query = 1;
     }
 }
 
-/// Way `i`'s thread runs no query any more (it waits for its client, or is gone).
+/// Way `i`'s thread runs no query any more (it waits for its client).
 #[inline(always)]
 pub fn stop(i: u32) {
     if !on() {
         return;
     }
-    if let Some(t) = IN_QUERY.get_ptr_mut(i) {
-        // SAFETY: a map value.
-        unsafe { core::ptr::write_volatile(t, 0) };
+    if let Some(w) = QUERY_WAIT.get_ptr_mut(i) {
+        // SAFETY: a map value of the running thread.
+        unsafe { (*w).in_query = 0 };
     }
 }
 
