@@ -6,8 +6,9 @@
 //! - a CPU-bound query: `cpu` at least 95 % of its time not waiting for a CPU;
 //! - the same beside two busy loops per CPU: `runnable` and `cpu` within 2 % of the growth
 //!   of the backend's `/proc/<pid>/schedstat` run delay and run time;
-//! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time within 10 % of
-//!   `pg_stat_io.read_time` of client backends (PostgreSQL times the wait for the io workers);
+//! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time 85-101 % of
+//!   `pg_stat_io.read_time` of client backends (PostgreSQL times the wait for the io workers,
+//!   and the CPU time of starting each read);
 //! - every case: the parts add up to the queries' time within 1 %.
 mod common;
 
@@ -249,7 +250,16 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
             w.io,
             pg_ms / 1e3
         );
-        within(&name, "cold scan IO time", w.io, pg_ms / 1e3, 0.10);
+        // PostgreSQL 18 times, besides the wait, the start of each read (`AsyncReadBuffers`
+        // around `smgrstartreadv`: staging the IO and handing it to a worker), which is CPU:
+        // never more than read_time (1 % for the two clocks), and the starts at most 15 % of
+        // it (91-95 % here, 87.5 % in the slower 6.12 guest).
+        let pg_s = pg_ms / 1e3;
+        assert!(
+            w.io <= 1.01 * pg_s && w.io >= 0.85 * pg_s,
+            "{name}: cold scan IO time {:.4} s vs pg_stat_io read_time {pg_s:.4} s",
+            w.io
+        );
     }
     assert!(w.io > 0.0, "{name}: the cold scan had no IO time");
 
