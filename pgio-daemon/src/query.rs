@@ -112,7 +112,7 @@ impl Family for QueryFamily {
             "QUERY_HIST",
             "QUERY",
             "QUERY_RUNS",
-            "IN_QUERY",
+            "CONNECTED",
             "QUERY_WAIT",
         ]
     }

@@ -20,8 +20,8 @@ use pgio_common::{
 
 use crate::{atomic::atomic_add, thread};
 
-/// 1 when the kernel has `sched_info` and `queries` is on, written by userspace at load. Off,
-/// the verifier prunes the rest.
+/// `queries` from the config, written by userspace at load; `on()` also needs the offsets of
+/// the task's `sched_info.run_delay` and state. Off, the verifier prunes the rest.
 #[unsafe(no_mangle)]
 static QUERY_WAIT_ON: u8 = 1;
 
@@ -179,6 +179,16 @@ fn left_cpu(i: u32, task: u64, tid: u32, preempt: bool) {
         if (*w).tid != tid || (*w).in_query == 0 {
             return;
         }
+        // An IO syscall of this thread entered since it last ran here (its start is still
+        // in this CPU's slot, which the syscall family spills after this): its blocked time
+        // is the syscall's, counted as IO already, however often it leaves the CPU in it.
+        if let Some(c) = thread::slot_as_is()
+            && (*c).open != 0
+            && (*c).start.start_ns != 0
+            && (*c).start.syscall < Syscall::Futex as u8
+        {
+            (*w).in_io_call = 1;
+        }
         // Preempted, or woken before it slept: it stays on a run queue (`run_delay`).
         let blocked = !preempt && task_u32(task, state_at) != 0;
         if (*w).off_ns == 0 && !blocked {
@@ -194,15 +204,6 @@ fn left_cpu(i: u32, task: u64, tid: u32, preempt: bool) {
         (*w).off_ns = bpf_ktime_get_ns();
         (*w).off_delay = delay;
         (*w).on_ns = 0;
-        // An IO syscall of this thread entered since it last ran here (its start is still
-        // in this CPU's slot): its time is the syscall family's, counted as IO already.
-        if let Some(c) = thread::slot_as_is()
-            && (*c).open != 0
-            && (*c).start.start_ns != 0
-            && (*c).start.syscall < Syscall::Futex as u8
-        {
-            (*w).in_io_call = 1;
-        }
         let part = wait_event(w);
         (*w).part = part as u8;
         (*w).open_io = (part == Part::Io && (*w).in_io_call == 0) as u8;
