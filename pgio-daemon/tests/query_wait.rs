@@ -4,8 +4,9 @@
 //! - `select pg_sleep(1)`: `Timeout` within 5 % of 1 s;
 //! - an `UPDATE` blocked 2 s behind another session's row lock: `Lock` within 5 % of 2 s;
 //! - a CPU-bound query: `cpu` at least 95 % of its time not waiting for a CPU;
-//! - the same beside two busy loops per CPU: `runnable` and `cpu` within 2 % of the growth
-//!   of the backend's `/proc/<pid>/schedstat` run delay and run time;
+//! - the same beside two busy loops per CPU: `cpu` within 2 % of the growth of the backend's
+//!   `/proc/<pid>/schedstat` run time, `runnable` never above its run delay and at most 2 % +
+//!   50 ms below it (the window also holds the backend's wake-up before the query);
 //! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time 85-101 % of
 //!   `pg_stat_io.read_time` of client backends (PostgreSQL times the wait for the io workers,
 //!   and the CPU time of starting each read);
@@ -21,6 +22,13 @@ use pgio_testkit::{
 };
 
 const DB: &str = "waits";
+
+/// One cluster at a time: one test's busy loops would starve the other's queries, and the
+/// run-queue wait the starved case compares with schedstat would hold the other's wake-ups.
+/// (Run side by side with PostgreSQL 17 and 18 `sync` cases added, the schedstat check was
+/// 3.3 % off and a `sync` scan's syscalls 30 % of `read_time`: PostgreSQL's timer also runs
+/// while the backend waits for a CPU after its read returns.)
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The session's series (all client backends of `waits`).
 fn series(cluster: &str) -> [(&str, &str); 3] {
@@ -152,6 +160,9 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     if !require_root(&name) {
         return;
     }
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let bin = pg_bin_dir(major).unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"));
     let dir = temp_dir().expect("temp dir");
     let pgdata = dir.path().join("pgdata");
@@ -292,20 +303,20 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     within(&name, "cpu vs schedstat", w.part("cpu"), w.run, 0.02);
 
     // Again beside two busy loops per CPU, each in its own session (autogroups): it waits for
-    // a CPU as the kernel counts it. The window's schedstat also holds the backend's wait to
-    // run when the query arrives (a few ms with every CPU busy): the query waits long enough
-    // (1.2-1.7 s here) for that to stay within 2 %.
+    // a CPU as the kernel counts it.
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     let hogs = CpuHogs::start_in_own_sessions(2 * cpus);
     let w = b.window(cpu_bound, 1.0, || {});
     drop(hogs);
     assert!(w.part("runnable") > 0.0, "{name}: no runnable time");
-    within(
-        &name,
-        "runnable vs schedstat",
-        w.part("runnable"),
-        w.queued,
-        0.02,
+    // The window's schedstat also holds up to two run-queue waits outside the query: the
+    // backend's wake-up when the query arrives, and a preemption between its reply and its
+    // next wait for the client (2-29 ms here with these loops, 37 ms in a slow guest).
+    let runnable = w.part("runnable");
+    assert!(
+        runnable <= w.queued * 1.001 && runnable >= 0.98 * w.queued - 0.05,
+        "{name}: runnable {runnable:.4} s vs schedstat's run delay {:.4} s in the window",
+        w.queued
     );
     within(&name, "cpu vs schedstat", w.part("cpu"), w.run, 0.02);
     daemon.stop().expect("daemon stop");
