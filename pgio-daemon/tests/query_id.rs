@@ -99,12 +99,7 @@ fn run(major: u32, port: u16, max_ids: usize) {
     daemon.wait_tracked("postgres", "checkpointer");
     let cluster = pgdata.to_string_lossy().into_owned();
     assert!(
-        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
-            daemon
-                .scrape()
-                .sum("pgio_query_id_postmasters", &[("state", "found")])
-                >= 1.0
-        }),
+        daemon.wait_postmaster_found(),
         "{name}: pgio found no postmaster's query ids"
     );
     let mut session = pg.session(DB, "postgres").expect("session");

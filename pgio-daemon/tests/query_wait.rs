@@ -7,7 +7,7 @@
 //! - the same beside two busy loops per CPU: `cpu` within 2 % of the growth of the backend's
 //!   `/proc/<pid>/schedstat` run time, `runnable` never above its run delay and at most 2 % +
 //!   50 ms below it (the window also holds the backend's wake-up before the query);
-//! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time 85-101 % of
+//! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time 80-101 % of
 //!   `pg_stat_io.read_time` of client backends (PostgreSQL times the wait for the io workers,
 //!   and the CPU time of starting each read);
 //! - every case: the parts add up to the queries' time within 1 %.
@@ -230,12 +230,7 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     );
     // Where PostgreSQL keeps the wait event is found once per postmaster.
     assert!(
-        wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
-            daemon
-                .scrape()
-                .sum("pgio_query_id_postmasters", &[("state", "found")])
-                >= 1.0
-        }),
+        daemon.wait_postmaster_found(),
         "{name}: pgio found no postmaster's wait events"
     );
     let mut b = Bench {
@@ -263,11 +258,12 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
         );
         // PostgreSQL 18 times, besides the wait, the start of each read (`AsyncReadBuffers`
         // around `smgrstartreadv`: staging the IO and handing it to a worker), which is CPU:
-        // never more than read_time (1 % for the two clocks), and the starts at most 15 % of
-        // it (91-95 % here, 87.5 % in the slower 6.12 guest).
+        // never more than read_time (1 % for the two clocks), and the starts at most 20 % of
+        // it on this small scan (~0.05 s, so their share varies: pgio 84-95 % of read_time in
+        // 11 runs here, 87-90 % in the 5.10, 6.1 and 6.12 guests).
         let pg_s = pg_ms / 1e3;
         assert!(
-            w.io <= 1.01 * pg_s && w.io >= 0.85 * pg_s,
+            w.io <= 1.01 * pg_s && w.io >= 0.80 * pg_s,
             "{name}: cold scan IO time {:.4} s vs pg_stat_io read_time {pg_s:.4} s",
             w.io
         );

@@ -34,6 +34,16 @@ impl Daemon {
         self.0.wait_tracked(app, role).expect("tracked");
     }
 
+    /// Waits (20 s at most) until pgio has found where a postmaster's backends keep their
+    /// query id and wait event (`pgio_query_id_postmasters{state="found"}`).
+    pub fn wait_postmaster_found(&self) -> bool {
+        pgio_testkit::wait_until(Duration::from_secs(20), Duration::from_millis(100), || {
+            self.scrape()
+                .sum("pgio_query_id_postmasters", &[("state", "found")])
+                >= 1.0
+        })
+    }
+
     pub fn stop(self) -> anyhow::Result<()> {
         self.0.stop()
     }
