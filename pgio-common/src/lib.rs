@@ -10,6 +10,7 @@ pub mod abi;
 pub mod block_io;
 pub mod drops;
 pub mod hist;
+pub mod io_worker;
 pub mod kernel_offsets;
 pub mod key_quota;
 pub mod lifecycle;

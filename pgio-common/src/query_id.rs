@@ -43,6 +43,28 @@ pub struct IdSource {
     /// Address of the `my_wait_event_info` pointer (a global; 0: not found): where the
     /// backend's wait event is (`query_wait`).
     pub my_wait_event_info: u64,
+    /// The postmaster's tgid: which cluster a process belongs to (`io_worker`).
+    pub postmaster: u32,
+    /// Offset of `owner_procno` in `PgAioHandle` (0: no io workers, before PostgreSQL 18).
+    pub aio_owner_at: u32,
+    /// Addresses of the globals `error_context_stack`, `ProcGlobal` and `MyProcNumber`.
+    pub error_context_stack: u64,
+    pub proc_global: u64,
+    pub my_proc_number: u64,
+    /// `sizeof(PGPROC)` and the offset of its `pid`, for this major version.
+    pub proc_size: u32,
+    pub proc_pid_at: u32,
+}
+
+impl IdSource {
+    /// Whether an io worker of this postmaster can tell whom it serves.
+    pub fn knows_aio_owners(&self) -> bool {
+        self.aio_owner_at != 0
+            && self.error_context_stack != 0
+            && self.proc_global != 0
+            && self.my_proc_number != 0
+            && self.proc_size != 0
+    }
 }
 
 /// Key of `QUERY_ID_HIST`.
@@ -98,7 +120,7 @@ impl Default for QueryIdRow {
     }
 }
 
-crate::abi_size!(IdSource, 24, 8);
+crate::abi_size!(IdSource, 64, 8);
 crate::abi_size!(QueryIdKey, 16, 8);
 crate::abi_size!(
     QueryIdRow,

@@ -1,8 +1,8 @@
 //! Every probe family, once (see `family`). Their order is the order of the probe table and
 //! of the families' metrics in `/metrics`.
 use crate::{
-    block_io::BlockIoFamily, family::Family, lifecycle::LifecycleFamily, query::QueryFamily,
-    query_id::QueryIdFamily, relation::RelationFamily, syscall::SyscallFamily,
+    block_io::BlockIoFamily, family::Family, io_worker::IoWorkerFamily, lifecycle::LifecycleFamily,
+    query::QueryFamily, query_id::QueryIdFamily, relation::RelationFamily, syscall::SyscallFamily,
 };
 
 pub static FAMILIES: &[&dyn Family] = &[
@@ -11,5 +11,6 @@ pub static FAMILIES: &[&dyn Family] = &[
     &QueryFamily,
     &QueryIdFamily,
     &RelationFamily,
+    &IoWorkerFamily,
     &LifecycleFamily,
 ];

@@ -25,6 +25,7 @@ pub mod heap;
 pub mod hist;
 pub mod http;
 pub mod http_server;
+pub mod io_worker;
 pub mod kernel_offsets;
 pub mod key_owners;
 pub mod key_quota;

@@ -22,6 +22,15 @@ where
     T::try_from(map).with_context(|| format!("map {name}"))
 }
 
+/// A per-CPU array of counters, each summed over the CPUs (0 for one that cannot be read).
+pub fn counter_sums<const N: usize>(map: &aya::maps::PerCpuArray<MapData, u64>) -> [u64; N] {
+    std::array::from_fn(|i| {
+        map.get(&(i as u32), 0)
+            .map(|v| v.iter().sum::<u64>())
+            .unwrap_or(0)
+    })
+}
+
 /// The values of an mmapable array map (`BPF_F_MMAPABLE`) mapped into pgio's memory, from
 /// offset 0, page-rounded as the kernel allows; unmapped on drop (the mapping keeps the map
 /// alive in the kernel by itself).

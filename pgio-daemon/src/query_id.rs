@@ -253,7 +253,23 @@ impl Source for QueryIdSource {
                     let _ = map.insert(p, *src, 0);
                 }
             }
-            lock(&self.0.state).sources.store(pid, found);
+            let members = postmasters
+                .iter()
+                .find(|(p, _)| *p == pid)
+                .map_or(&[][..], |(_, m)| m.as_slice());
+            lock(&self.0.state).sources.store(pid, found, members);
+        }
+        let late = lock(&self.0.state).sources.late_members(&postmasters);
+        for (pm, src, members) in late {
+            let mut map = lock(&self.0.sources);
+            // Most have theirs, copied at their fork: one map lookup spares a /proc read.
+            let missing: Vec<u32> = members
+                .into_iter()
+                .filter(|p| map.get(p, 0).is_err())
+                .collect();
+            for p in sources::children(pm, &missing) {
+                let _ = map.insert(p, src, 0);
+            }
         }
         if self.0.on {
             self.0.drain(tracked);

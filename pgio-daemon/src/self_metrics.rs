@@ -74,14 +74,7 @@ impl SelfMetrics {
 
 impl Source for SelfMetrics {
     fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
-        let mut drops = [0; DROP_REASONS];
-        for d in DropReason::ALL {
-            drops[d as usize] = self
-                .drops
-                .get(&(d as u32), 0)
-                .map(|v| v.iter().sum::<u64>())
-                .unwrap_or(0);
-        }
+        let drops: [u64; DROP_REASONS] = crate::maps::counter_sums(&self.drops);
         let programs = self
             .program_fds
             .iter()

@@ -14,7 +14,9 @@
 mod kernel;
 mod metrics;
 
-pub use kernel::{CHILD_SERIES_MAP, KernelSeries, NAMES_FILES_MAP, SERVES_CLIENTS_MAP};
+pub use kernel::{
+    CHILD_SERIES_MAP, KernelSeries, NAMES_FILES_MAP, SERVES_BACKENDS_MAP, SERVES_CLIENTS_MAP,
+};
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, hash_map::RandomState},

@@ -43,26 +43,12 @@ const DASHBOARDS: [&str; 3] = ["pgio-postgres", "pgio-longhorn-volume", "pgio-se
 
 /// Targets allowed to return no series (or only NaN) in this scenario: (dashboard uid, panel
 /// title, refId, why).
-const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[
-    (
-        "pgio-postgres",
-        "io workers: read latency p50 / p99 (reads done for backends)",
-        "A",
-        "PostgreSQL 15 has no io workers (PostgreSQL 18, io_method = worker)",
-    ),
-    (
-        "pgio-postgres",
-        "io workers: read latency p50 / p99 (reads done for backends)",
-        "B",
-        "PostgreSQL 15 has no io workers (PostgreSQL 18, io_method = worker)",
-    ),
-    (
-        "pgio-self",
-        "Unmatched and lost block completions per second",
-        "B",
-        "a lost completion is the kernel skipping pgio's program (README), 0 in most windows",
-    ),
-];
+const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[(
+    "pgio-self",
+    "Unmatched and lost block completions per second",
+    "B",
+    "a lost completion is the kernel skipping pgio's program (README), 0 in most windows",
+)];
 
 /// Heatmap panels each dashboard must have (dashboard uid, title): the latency distributions a
 /// user reads like bpftrace's log2 histograms.

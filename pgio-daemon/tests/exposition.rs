@@ -22,6 +22,7 @@ use pgio_daemon::{
     heap::Heap,
     hist::Log2Hist,
     http_server::HttpSnapshot,
+    io_worker::IoWorkerSnapshot,
     key_quota::{KeyQuotaSnapshot, MapStats},
     labels::Labels,
     lifecycle::PostgresBinaries,
@@ -60,6 +61,8 @@ struct Readings {
     query_ids: QueryIdSnapshot,
     /// Only in `all_families`.
     relations: RelationSnapshot,
+    /// Only in `all_families`.
+    io_worker: IoWorkerSnapshot,
     key_quota: KeyQuotaSnapshot,
     http: HttpSnapshot,
     web: WebSnapshot,
@@ -88,12 +91,13 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 12] = [
+    let sources: [&dyn Snapshot; 13] = [
         &r.block,
         &r.syscalls,
         &r.queries,
         &r.query_ids,
         &r.relations,
+        &r.io_worker,
         &r.key_quota,
         &TrackedProcesses,
         &DeviceInfo,
@@ -309,6 +313,10 @@ fn all_families() -> Readings {
         tls_handshake_failures: Some(8),
         certificate_reloads: Some((2, 1)),
         auth: Some(([("missing", 9), ("wrong", 10), ("busy", 11)], 12)),
+    };
+    // A cold scan's 1,767 reads done for a backend, and a few of the workers' own.
+    r.io_worker = IoWorkerSnapshot {
+        calls: [1_767, 12, 3, 0, 1, 2],
     };
     r.map_memory = MapMemory {
         maps: vec![

@@ -412,10 +412,26 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         (query_s - exec_s).abs() <= 0.05 * exec_s,
         "query {query_s} s vs pg_stat_statements {exec_s} s"
     );
-    assert_eq!(
-        misses, reads,
-        "the query's misses are its reads that missed"
-    );
+    if io_method.is_some() {
+        // The io workers' reads for the scan are booked under the backend (issue 47, item 4).
+        assert!(
+            syscall_s > 0.0 && workers_s <= 0.05 * syscall_s,
+            "io workers' syscalls {workers_s} s left under them, the backend's {syscall_s} s"
+        );
+    }
+    // With io workers the series' reads include those the workers did for the backend
+    // (booked under it, outside its queries' own syscalls): the query's misses are its own.
+    if io_method.is_some() {
+        assert!(
+            misses <= reads,
+            "the query's misses {misses} are among its series' reads that missed {reads}"
+        );
+    } else {
+        assert_eq!(
+            misses, reads,
+            "the query's misses are its reads that missed"
+        );
+    }
     // Its time in those reads is the backend's time in reads that missed.
     let miss_s = d("pgio_query_read_miss_seconds_sum");
     let missed_s = delta(
@@ -431,10 +447,17 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         ],
     );
     eprintln!("{case}: read-miss time {miss_s:.4} s, the backend's missed reads {missed_s:.4} s");
-    assert!(
-        (miss_s - missed_s).abs() <= 0.05 * missed_s.max(1e-3),
-        "query read-miss time {miss_s} s vs the backend's missed reads {missed_s} s"
-    );
+    if io_method.is_some() {
+        assert!(
+            miss_s <= 1.05 * missed_s + 1e-3,
+            "query read-miss time {miss_s} s vs its series' missed reads {missed_s} s"
+        );
+    } else {
+        assert!(
+            (miss_s - missed_s).abs() <= 0.05 * missed_s.max(1e-3),
+            "query read-miss time {miss_s} s vs the backend's missed reads {missed_s} s"
+        );
+    }
     daemon.stop().expect("daemon stop");
     pg.stop().expect("stop");
     drop(fs);

@@ -211,6 +211,10 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     let mut session = pg.session(DB, "postgres").expect("session");
     // No JIT: loading LLVM's libraries blocks in page faults, without a wait event ("none").
     session.send("set jit = off;").expect("send");
+    // The backend scans alone: parallel workers' reads are theirs (role "parallel worker").
+    session
+        .send("set max_parallel_workers_per_gather = 0;")
+        .expect("send");
     session.send("select 1;").expect("send");
     let mut pid = 0;
     assert!(
@@ -243,7 +247,19 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
 
     // A cold scan: on 18 the io workers read, the backend waits.
     let io_before = client_read_ms(&pg, major);
+    let table_bytes = std::fs::metadata(&path).expect("table file").len() as f64;
+    let before = daemon.scrape();
     let w = b.window("select count(*) from big;", 1.0, || {});
+    // A file's name comes within a pass or two of the scrape that saw it.
+    let mut after = daemon.scrape();
+    wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
+        after = daemon.scrape();
+        after.sum(
+            "pgio_relation_io_bytes_total",
+            &[("relation", "public.big")],
+        ) >= table_bytes
+    });
+    reads_under_the_client(&name, major, &before, &after, &b.cluster, table_bytes);
     b.run("select pg_stat_force_next_flush();");
     if let Some(before) = io_before {
         let mut pg_ms = 0.0;
@@ -316,6 +332,66 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     );
     within(&name, "cpu vs schedstat", w.part("cpu"), w.run, 0.02);
     daemon.stop().expect("daemon stop");
+}
+
+/// The cold scan's reads of `big` (its whole file, `table_bytes`), booked by relation and by
+/// device: under the client backend's series, also where the io workers did them (issue 47,
+/// item 4), and not under the io workers'.
+fn reads_under_the_client(
+    name: &str,
+    major: u32,
+    before: &Metrics,
+    after: &Metrics,
+    cluster: &str,
+    table_bytes: f64,
+) {
+    let delta = |family: &str, labels: &[(&str, &str)]| {
+        after.sum(family, labels) - before.sum(family, labels)
+    };
+    let of = |role: &str| {
+        let mut l = vec![
+            ("cluster", cluster),
+            ("role", role),
+            ("relation", "public.big"),
+        ];
+        if role == "client backend" {
+            l.push(("database", DB));
+        }
+        delta("pgio_relation_io_bytes_total", &l)
+    };
+    let (client, workers) = (of("client backend"), of("io worker"));
+    let block = |role: &str| {
+        delta(
+            "pgio_block_io_bytes_total",
+            &[("cluster", cluster), ("role", role)],
+        )
+    };
+    let attributed = delta(
+        "pgio_io_worker_syscalls_total",
+        &[("outcome", "attributed")],
+    );
+    eprintln!(
+        "{name}: cold scan of {table_bytes} bytes: relation reads {client} bytes under the client backend, {workers} under the io workers; block IO {} / {} bytes; io worker calls attributed {attributed}",
+        block("client backend"),
+        block("io worker"),
+    );
+    assert!(
+        client >= 0.99 * table_bytes,
+        "{name}: the scan's relation reads under the client backend: {client} of {table_bytes} bytes"
+    );
+    assert!(
+        workers <= 0.01 * table_bytes,
+        "{name}: {workers} bytes of the scan's reads under the io workers"
+    );
+    // A cold page cache: most of the file comes from the device, in the client's requests.
+    assert!(
+        block("client backend") >= 0.9 * table_bytes,
+        "{name}: block IO under the client backend: {} of {table_bytes} bytes",
+        block("client backend")
+    );
+    if major >= 18 {
+        assert!(attributed > 0.0, "{name}: no io worker call attributed");
+    }
 }
 
 /// `read_time` (ms) of client backends' relation reads in `pg_stat_io` (16+).

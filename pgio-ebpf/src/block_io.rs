@@ -46,7 +46,11 @@ static ZERO_ROW: BlockIoRow = BlockIoRow::ZERO;
 
 #[inline(always)]
 fn current_series() -> SeriesId {
-    tracked::series_of((bpf_get_current_pid_tgid() >> 32) as u32).unwrap_or(SeriesId::UNTRACKED)
+    match tracked::series_of((bpf_get_current_pid_tgid() >> 32) as u32) {
+        // An io worker's request inside a call it does for a backend: that backend's.
+        Some(s) => syscall::acting_series(s),
+        None => SeriesId::UNTRACKED,
+    }
 }
 
 /// A field of a kernel struct reached from a `tp_btf` argument: a plain load, which the

@@ -12,6 +12,7 @@ mod drops;
 mod floor;
 mod hist;
 mod hooks;
+mod io_worker;
 mod kernel_offsets;
 mod key_quota;
 mod lifecycle;

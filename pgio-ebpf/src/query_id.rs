@@ -70,6 +70,16 @@ pub fn exited(tgid: u32) {
     }
 }
 
+/// Where a process of a tracked postmaster keeps what pgio reads of it (a copy).
+#[inline(always)]
+pub fn source(tgid: u32) -> Option<IdSource> {
+    if !sources_on() {
+        return None;
+    }
+    // SAFETY: a map value, copied.
+    QUERY_ID_SOURCE.get_ptr(&tgid).map(|s| unsafe { *s })
+}
+
 /// Where the current process keeps its query id: its `PgBackendStatus` entry (set once when
 /// the backend starts) plus the offset; 0 while not known.
 #[inline(always)]

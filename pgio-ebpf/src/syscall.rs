@@ -12,7 +12,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use pgio_common::{
-    CHILD_SERIES_MAX,
+    CHILD_SERIES_MAX, SeriesId,
     drops::DropReason,
     hist::{Bucket, SLOTS, slot},
     relation::FD_UNKNOWN,
@@ -23,7 +23,7 @@ use pgio_common::{
 };
 
 use crate::{
-    drops, hist,
+    drops, hist, io_worker,
     sys_record::{ARG0, ARG1, RET, field},
     thread,
     tracked::{self, generation},
@@ -64,9 +64,13 @@ fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
     // whose exit was missed (pgio attached mid-call): another thread's would have been
     // moved out at the switch.
     unsafe {
-        let Some(series) = tracked::series_of((*c).tgid) else {
+        let Some(mut series) = tracked::series_of((*c).tgid) else {
             return 0;
         };
+        // An io worker's IO is booked under the backend it does it for.
+        if !sc.is_wait() && tracked::serves_backends(series) {
+            series = io_worker::acting_series((*c).tgid).unwrap_or(series);
+        }
         (*c).open = 1;
         (*c).start = SyscallStart {
             start_ns: if timed { bpf_ktime_get_ns() } else { 0 },
@@ -300,6 +304,29 @@ pub fn switched_out() {
 #[inline(always)]
 pub fn thread_exit(tid: u32) {
     let _ = SYSCALL_SPILLED.remove(&tid);
+}
+
+/// The series the current thread's call in progress is booked under, for a thread of `own`
+/// (its process' series) submitting block IO: an io worker's call may be booked under the
+/// backend it serves (`io_worker`); anyone else's under `own`.
+#[inline(always)]
+pub fn acting_series(own: SeriesId) -> SeriesId {
+    if !tracked::serves_backends(own) {
+        return own;
+    }
+    let Some(c) = thread::slot() else {
+        return own;
+    };
+    // SAFETY: this CPU's slot (see `thread::slot`); this thread is running here.
+    unsafe {
+        if (*c).open != 0 {
+            return (*c).start.series;
+        }
+        match SYSCALL_SPILLED.get(&(*c).tid) {
+            Some(s) => s.series,
+            None => own,
+        }
+    }
 }
 
 /// Called by `block_io_start` in the submitter's context: a read syscall of this thread that

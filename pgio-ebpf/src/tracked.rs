@@ -86,6 +86,12 @@ static SERVES_CLIENTS: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS
 #[map]
 static NAMES_FILES: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS, 0);
 
+/// One bit per series: set for PostgreSQL's io workers' series, whose IO syscalls are booked
+/// under the backend they serve (`io_worker`). Written by userspace before it books any
+/// process under the series.
+#[map]
+static SERVES_BACKENDS: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS, 0);
+
 #[inline(always)]
 fn bit(map: &Array<u64>, series: SeriesId) -> bool {
     map.get(series.0 / 64)
@@ -105,4 +111,10 @@ pub fn serves_clients(series: SeriesId) -> bool {
 #[inline(always)]
 pub fn names_files(series: SeriesId) -> bool {
     series.is_provisional() || bit(&NAMES_FILES, series)
+}
+
+/// Whether `series` is an io worker's, doing IO for other backends.
+#[inline(always)]
+pub fn serves_backends(series: SeriesId) -> bool {
+    !series.is_provisional() && bit(&SERVES_BACKENDS, series)
 }

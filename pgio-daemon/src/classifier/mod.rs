@@ -137,6 +137,12 @@ impl Classifier {
         labels.app == "postgres" && labels.role == "client backend"
     }
 
+    /// Whether processes with these labels do IO for other backends (PostgreSQL 18's io
+    /// workers): their IO is booked under the backend served (`pgio_common::io_worker`).
+    pub fn serves_backends(labels: &Labels) -> bool {
+        labels.app == "postgres" && labels.role == "io worker"
+    }
+
     /// Whether a process with these labels can still change them by retitling itself (so a
     /// freshly forked one is worth looking at again).
     pub fn settled(labels: &Labels) -> bool {

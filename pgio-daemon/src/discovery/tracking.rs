@@ -116,6 +116,7 @@ impl Discovery {
         }
         let provisional = Classifier::is_provisional(&labels);
         let serves_clients = Classifier::serves_clients(&labels);
+        let serves_backends = Classifier::serves_backends(&labels);
         let names_files = labels.app == "postgres";
         let id = shared.intern(labels, KeyOwner::Pid(pid));
         if let Err(e) = self.kernel.set_serves_clients(id, serves_clients) {
@@ -125,6 +126,10 @@ impl Discovery {
         if let Err(e) = self.kernel.set_names_files(id, names_files) {
             shared.kernel_map_errors += 1;
             warn!(series = id.0, error = %e, "cannot mark a PostgreSQL series");
+        }
+        if let Err(e) = self.kernel.set_serves_backends(id, serves_backends) {
+            shared.kernel_map_errors += 1;
+            warn!(series = id.0, error = %e, "cannot mark an io worker's series");
         }
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.

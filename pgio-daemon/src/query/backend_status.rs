@@ -27,6 +27,24 @@ pub const SYMBOL: &str = "MyBEEntry";
 /// Where a backend's wait event is: `uint32 *my_wait_event_info`, which a backend points at
 /// its `PGPROC.wait_event_info` once started (`query_wait`). A dynamic symbol of 15-18 too.
 pub const WAIT_EVENT_SYMBOL: &str = "my_wait_event_info";
+/// What an io worker reads to know whose IO it does (`pgio_common::io_worker`): globals of
+/// PostgreSQL 18's binaries (dynamic symbols: extensions use them).
+pub const AIO_OWNER_SYMBOLS: [&str; 3] = ["error_context_stack", "ProcGlobal", "MyProcNumber"];
+
+/// PostgreSQL's layouts an io worker is read with, by major version: (offset of
+/// `owner_procno` in `PgAioHandle`, `sizeof(PGPROC)`, offset of `PGPROC.pid`). Read off the
+/// x86_64 code of 18.6's `pgaio_worker_error_callback` (`movslq 0x10(%rdi)`, index × 832,
+/// `mov 0x3c(%rax)`); the kernel checks the worker's own `PGPROC` against its pid at every
+/// call, so a build laid out otherwise is counted (`outcome="layout"`), not misbooked.
+pub const AIO_LAYOUT: [(u32, (u32, u32, u32)); 1] = [(18, (16, 832, 0x3c))];
+
+pub fn aio_layout(major: u32) -> Option<(u32, u32, u32)> {
+    AIO_LAYOUT
+        .iter()
+        .find(|(m, _)| *m == major)
+        .map(|(_, l)| *l)
+}
+
 /// Dynamic symbols looked through at most (postgres 15 has 10,796): a crafted binary of a
 /// made-up cluster cannot keep the pass busy.
 const MAX_SYMBOLS: usize = 1 << 18;

@@ -18,6 +18,7 @@ pub struct KernelSeries {
     child: Array<MapData, SeriesId>,
     serves_clients: SeriesBits,
     names_files: SeriesBits,
+    serves_backends: SeriesBits,
 }
 
 /// A kernel bitmap with one bit per series, and what it holds: only changed words are
@@ -54,6 +55,8 @@ pub const CHILD_SERIES_MAP: &str = "CHILD_SERIES";
 pub const SERVES_CLIENTS_MAP: &str = "SERVES_CLIENTS";
 /// Bitmap of PostgreSQL's series, whose files the relation family names.
 pub const NAMES_FILES_MAP: &str = "NAMES_FILES";
+/// Bitmap of io workers' series, whose IO is booked under the backend served (`io_worker`).
+pub const SERVES_BACKENDS_MAP: &str = "SERVES_BACKENDS";
 
 impl KernelSeries {
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {
@@ -62,6 +65,7 @@ impl KernelSeries {
             child: take_map(ebpf, CHILD_SERIES_MAP)?,
             serves_clients: SeriesBits::take(ebpf, SERVES_CLIENTS_MAP)?,
             names_files: SeriesBits::take(ebpf, NAMES_FILES_MAP)?,
+            serves_backends: SeriesBits::take(ebpf, SERVES_BACKENDS_MAP)?,
         })
     }
 
@@ -76,6 +80,12 @@ impl KernelSeries {
     /// set like `set_serves_clients`.
     pub fn set_names_files(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
         self.names_files.set(series, on)
+    }
+
+    /// Whether `series`' processes are io workers, doing IO for other backends; set like
+    /// `set_serves_clients`.
+    pub fn set_serves_backends(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
+        self.serves_backends.set(series, on)
     }
 
     /// Fails for a pid above the map's size (`pid_max` raised after pgio started).
