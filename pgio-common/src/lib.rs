@@ -18,6 +18,7 @@ pub mod query;
 pub mod query_id;
 pub mod query_wait;
 pub mod relation;
+pub mod role_wait;
 pub mod syscall;
 
 /// Largest tgid the `tgid → series` array (`TRACKED`) reaches as compiled: the kernel's

@@ -2,7 +2,8 @@
 //! of the families' metrics in `/metrics`.
 use crate::{
     block_io::BlockIoFamily, family::Family, io_worker::IoWorkerFamily, lifecycle::LifecycleFamily,
-    query::QueryFamily, query_id::QueryIdFamily, relation::RelationFamily, syscall::SyscallFamily,
+    query::QueryFamily, query_id::QueryIdFamily, relation::RelationFamily,
+    role_wait::RoleWaitFamily, syscall::SyscallFamily,
 };
 
 pub static FAMILIES: &[&dyn Family] = &[
@@ -12,5 +13,6 @@ pub static FAMILIES: &[&dyn Family] = &[
     &QueryIdFamily,
     &RelationFamily,
     &IoWorkerFamily,
+    &RoleWaitFamily,
     &LifecycleFamily,
 ];

@@ -45,6 +45,7 @@ pub mod query;
 pub mod query_id;
 pub mod reclassify;
 pub mod relation;
+pub mod role_wait;
 pub mod run;
 pub mod self_metrics;
 pub mod series;

@@ -37,6 +37,7 @@ pub const CORE_MAPS: &[&str] = &[
     series::SERVES_CLIENTS_MAP,
     series::NAMES_FILES_MAP,
     series::SERVES_BACKENDS_MAP,
+    series::BOOKS_WAITS_MAP,
     DROPS_MAP,
     crate::key_owners::SERIES_OWNER_MAP,
     crate::key_quota::ALLOWANCE_MAP,

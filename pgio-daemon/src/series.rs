@@ -15,7 +15,8 @@ mod kernel;
 mod metrics;
 
 pub use kernel::{
-    CHILD_SERIES_MAP, KernelSeries, NAMES_FILES_MAP, SERVES_BACKENDS_MAP, SERVES_CLIENTS_MAP,
+    BOOKS_WAITS_MAP, CHILD_SERIES_MAP, KernelSeries, NAMES_FILES_MAP, SERVES_BACKENDS_MAP,
+    SERVES_CLIENTS_MAP,
 };
 
 use std::{

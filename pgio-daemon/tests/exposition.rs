@@ -20,7 +20,7 @@ use pgio_daemon::{
     devices::Devices,
     exposition::{Encoder, Format},
     heap::Heap,
-    hist::Log2Hist,
+    hist::{HistSnapshot, Log2Hist},
     http_server::HttpSnapshot,
     io_worker::IoWorkerSnapshot,
     key_quota::{KeyQuotaSnapshot, MapStats},
@@ -38,6 +38,7 @@ use pgio_daemon::{
         book::FileRef,
         names::{Kind, Relation},
     },
+    role_wait::RoleWaitId,
     self_metrics::{ProgramStats, SelfSnapshot},
     series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
@@ -63,6 +64,8 @@ struct Readings {
     relations: RelationSnapshot,
     /// Only in `all_families`.
     io_worker: IoWorkerSnapshot,
+    /// Only in `all_families`.
+    role_waits: HistSnapshot<RoleWaitId>,
     key_quota: KeyQuotaSnapshot,
     http: HttpSnapshot,
     web: WebSnapshot,
@@ -91,13 +94,14 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 13] = [
+    let sources: [&dyn Snapshot; 14] = [
         &r.block,
         &r.syscalls,
         &r.queries,
         &r.query_ids,
         &r.relations,
         &r.io_worker,
+        &r.role_waits,
         &r.key_quota,
         &TrackedProcesses,
         &DeviceInfo,
@@ -168,6 +172,15 @@ fn all_families() -> Readings {
             },
             hist,
         );
+    }
+    // The checkpointer's waits: its sleeps, its writes and syncs.
+    for (n, part) in [Part::Activity, Part::Io, Part::Runnable]
+        .into_iter()
+        .enumerate()
+    {
+        r.role_waits
+            .0
+            .insert(RoleWaitId { series: ckpt, part }, h(n as u64 + 40, 0));
     }
     // Query ids: one with a place (pg_stat_statements shows it signed), the rest, a query
     // without id and one pgio could not read.

@@ -7,9 +7,10 @@
 //! | hook | families, in order |
 //! |---|---|
 //! | `sys_exit_<IO syscall>` | syscall (latency), query (IO time of the running query), relation (per file) |
-//! | `sched_switch` | query_wait (a query thread's blocked intervals), query (this CPU's runs), syscall (the thread's call in progress) |
+//! | `sys_enter_<IO syscall>` | syscall (the start), io_worker (an io worker's call booked under the backend served) |
+//! | `sched_switch` | query_wait (a query thread's blocked intervals), role_wait (the other PostgreSQL processes' waits), query (this CPU's runs), syscall (the thread's call in progress) |
 //! | `sched_process_fork` | lifecycle (the child's series, the fork event), query_id (where the child's id is) |
-//! | `sched_process_exit` | syscall, query, relation (the thread's state); for a process: query_id, lifecycle |
+//! | `sched_process_exit` | syscall, query, relation, role_wait (the thread's state); for a process: query_id, lifecycle |
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
     macros::{btf_tracepoint, tracepoint},
@@ -17,7 +18,7 @@ use aya_ebpf::{
 };
 use pgio_common::syscall::{Cache, Syscall};
 
-use crate::{lifecycle, query, query_id, query_wait, relation, syscall};
+use crate::{lifecycle, query, query_id, query_wait, relation, role_wait, syscall};
 
 /// An IO syscall's exit: its latency, then the running query's IO time and its file's row.
 #[inline(always)]
@@ -54,7 +55,8 @@ io_syscall_exits! {
 
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, …)`, in
 /// the context of `prev`. A query thread's blocked intervals open and close (before the
-/// syscall family forgets the leaving thread's call: `query_wait` reads it); the query family
+/// syscall family forgets the leaving thread's call: `query_wait` reads it), and so do the
+/// other PostgreSQL processes' (`role_wait`); the query family
 /// moves this CPU's runs into their rows when it goes idle (`next` is the idle task, pid 0)
 /// or they are old; the syscall family spills the leaving thread's call in progress.
 #[btf_tracepoint(function = "sched_switch")]
@@ -72,10 +74,13 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         Some(unsafe { core::ptr::read_volatile((task + pid_at) as *const i32) } as u32)
     };
     let next_pid = pid(next);
-    query_wait::switched(
+    let prev_pid = pid(prev).unwrap_or(0);
+    query_wait::switched(preempt as u8 != 0, prev, prev_pid, next_pid.unwrap_or(0));
+    role_wait::switched(
+        query_wait::on(),
         preempt as u8 != 0,
         prev,
-        pid(prev).unwrap_or(0),
+        prev_pid,
         next_pid.unwrap_or(0),
     );
     query::switched(next_pid == Some(0));
@@ -100,6 +105,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     syscall::thread_exit(tid);
     query::thread_exit(tid);
     relation::thread_exit(tid);
+    role_wait::thread_exit(tid);
     if tid != tgid {
         return 0;
     }

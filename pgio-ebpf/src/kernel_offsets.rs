@@ -57,6 +57,22 @@ pub fn task_sched() -> (u32, u32) {
     }
 }
 
+/// A u64 field of a task, by its offset; 0 if unreadable.
+#[inline(always)]
+pub fn task_u64(task: u64, off: u32) -> u64 {
+    // SAFETY: a read of kernel memory, which may fail.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((task + off as u64) as *const u64) }
+        .unwrap_or(0)
+}
+
+/// A u32 field of a task, by its offset; 0 if unreadable.
+#[inline(always)]
+pub fn task_u32(task: u64, off: u32) -> u32 {
+    // SAFETY: as above.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((task + off as u64) as *const u32) }
+        .unwrap_or(0)
+}
+
 /// Whether the syscall exits read the call's arguments from the saved user registers (the
 /// loader attached no `sys_enter_*` program for them).
 #[inline(always)]

@@ -20,6 +20,7 @@ mod query;
 mod query_id;
 mod query_wait;
 mod relation;
+mod role_wait;
 mod sys_record;
 mod syscall;
 mod thread;

@@ -8,7 +8,7 @@
 //! not bounce between CPUs at each query (that cost +45 ns a switch under pgbench -S). Whether
 //! the thread runs a query is in its own `QUERY_WAIT` value, which its CPU has at hand.
 use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user},
+    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::map,
     maps::Array,
 };
@@ -18,7 +18,11 @@ use pgio_common::{
     syscall::Syscall,
 };
 
-use crate::{atomic::atomic_add, thread};
+use crate::{
+    atomic::atomic_add,
+    kernel_offsets::{task_u32, task_u64},
+    thread,
+};
 
 /// `queries` from the config, written by userspace at load; `on()` also needs the offsets of
 /// the task's `sched_info.run_delay` and state. Off, the verifier prunes the rest.
@@ -71,19 +75,6 @@ pub fn connected(i: u32, tid: u32) {
             )
         };
     }
-}
-
-/// A u64 (or u32) field of a task, by its offset; 0 if unreadable.
-#[inline(always)]
-fn task_u64(task: u64, off: u32) -> u64 {
-    // SAFETY: a read of kernel memory, which may fail.
-    unsafe { bpf_probe_read_kernel((task + off as u64) as *const u64) }.unwrap_or(0)
-}
-
-#[inline(always)]
-fn task_u32(task: u64, off: u32) -> u32 {
-    // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel((task + off as u64) as *const u32) }.unwrap_or(0)
 }
 
 /// The running thread's `run_delay`.

@@ -113,6 +113,18 @@ pub fn names_files(series: SeriesId) -> bool {
     series.is_provisional() || bit(&NAMES_FILES, series)
 }
 
+/// One bit per series: set for PostgreSQL's series other than client backends, whose waits
+/// `role_wait` books. Written by userspace before it books any process under the series.
+#[map]
+static BOOKS_WAITS: Array<u64> = Array::with_max_entries(SERVES_CLIENTS_WORDS, 0);
+
+/// Whether `role_wait` books the waits of `series`' processes (one lookup: it is asked at
+/// every switch).
+#[inline(always)]
+pub fn books_waits(series: SeriesId) -> bool {
+    bit(&BOOKS_WAITS, series)
+}
+
 /// Whether `series` is an io worker's, doing IO for other backends.
 #[inline(always)]
 pub fn serves_backends(series: SeriesId) -> bool {

@@ -131,6 +131,13 @@ impl Discovery {
             shared.kernel_map_errors += 1;
             warn!(series = id.0, error = %e, "cannot mark an io worker's series");
         }
+        // PostgreSQL's processes but client backends (whose time is their queries'): their
+        // waits per role.
+        let books_waits = names_files && !serves_clients && !provisional;
+        if let Err(e) = self.kernel.set_books_waits(id, books_waits) {
+            shared.kernel_map_errors += 1;
+            warn!(series = id.0, error = %e, "cannot mark a series for its waits");
+        }
         if shared.provisional.is_open(pid) && provisional {
             // Title not set yet: the kernel keeps booking it under its own provisional series.
             debug!(pid, series = id.0, "still provisional");

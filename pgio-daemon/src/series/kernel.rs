@@ -19,6 +19,7 @@ pub struct KernelSeries {
     serves_clients: SeriesBits,
     names_files: SeriesBits,
     serves_backends: SeriesBits,
+    books_waits: SeriesBits,
 }
 
 /// A kernel bitmap with one bit per series, and what it holds: only changed words are
@@ -57,6 +58,8 @@ pub const SERVES_CLIENTS_MAP: &str = "SERVES_CLIENTS";
 pub const NAMES_FILES_MAP: &str = "NAMES_FILES";
 /// Bitmap of io workers' series, whose IO is booked under the backend served (`io_worker`).
 pub const SERVES_BACKENDS_MAP: &str = "SERVES_BACKENDS";
+/// Bitmap of PostgreSQL's series other than client backends, whose waits `role_wait` books.
+pub const BOOKS_WAITS_MAP: &str = "BOOKS_WAITS";
 
 impl KernelSeries {
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelSeries> {
@@ -66,6 +69,7 @@ impl KernelSeries {
             serves_clients: SeriesBits::take(ebpf, SERVES_CLIENTS_MAP)?,
             names_files: SeriesBits::take(ebpf, NAMES_FILES_MAP)?,
             serves_backends: SeriesBits::take(ebpf, SERVES_BACKENDS_MAP)?,
+            books_waits: SeriesBits::take(ebpf, BOOKS_WAITS_MAP)?,
         })
     }
 
@@ -86,6 +90,12 @@ impl KernelSeries {
     /// `set_serves_clients`.
     pub fn set_serves_backends(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
         self.serves_backends.set(series, on)
+    }
+
+    /// Whether `role_wait` books the waits of `series`' processes; set like
+    /// `set_serves_clients`.
+    pub fn set_books_waits(&mut self, series: SeriesId, on: bool) -> Result<(), MapError> {
+        self.books_waits.set(series, on)
     }
 
     /// Fails for a pid above the map's size (`pid_max` raised after pgio started).
