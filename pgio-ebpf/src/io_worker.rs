@@ -61,11 +61,15 @@ pub fn acting_series(tgid: u32) -> Option<SeriesId> {
     if handle == 0 {
         return count(Outcome::OwnIo);
     }
-    let (Some(owner), Some(me), Some(procs_at)) = (
-        read::<i32>(handle + src.aio_owner_at as u64),
-        read::<i32>(src.my_proc_number),
-        read::<u64>(src.proc_global),
-    ) else {
+    // One read at a time, each checked before the next: a tuple of reads compiled into code
+    // that 5.10's verifier refuses (a call's scratched register read after it).
+    let Some(owner) = read::<i32>(handle + src.aio_owner_at as u64) else {
+        return count(Outcome::Unreadable);
+    };
+    let Some(me) = read::<i32>(src.my_proc_number) else {
+        return count(Outcome::Unreadable);
+    };
+    let Some(procs_at) = read::<u64>(src.proc_global) else {
         return count(Outcome::Unreadable);
     };
     // `ProcGlobal->allProcs`, its first field.
