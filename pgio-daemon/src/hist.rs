@@ -7,6 +7,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
+    time::Instant,
 };
 
 use anyhow::Result;
@@ -172,14 +173,19 @@ impl<K: HistKey> HistReader<K> {
             };
             self.add_to(key, series, value, &mut out);
         };
-        for entry in lock(&self.map).iter() {
+        // All three held at once, in `fold`'s order: a fold between the map's read and
+        // `carry`'s would show the keys it moves twice (and the next scrape step back).
+        let map = lock(&self.map);
+        let carry = lock(&self.carry);
+        let booked = lock(&self.booked);
+        for entry in map.iter() {
             let (key, b) = entry?;
             add(&key, &b);
         }
-        for (key, b) in lock(&self.booked).iter() {
+        for (key, b) in booked.iter() {
             add(key, b);
         }
-        for (id, h) in lock(&self.carry).iter() {
+        for (id, h) in carry.iter() {
             if !routes.retired.contains(&id.series()) {
                 out.entry(*id).or_default().merge(h);
             }
@@ -193,9 +199,12 @@ impl<K: HistKey> HistReader<K> {
         let mut map = lock(&self.map);
         let mut carry = lock(&self.carry);
         let keys: Vec<K> = map.keys().collect::<Result<_, _>>()?;
+        let now = Instant::now();
         for key in keys {
-            match routes.route(key.series()) {
+            match routes.route_at(key.series(), now) {
                 Route::Own | Route::Pending => continue,
+                // Scrapes count it under `series` until the kernel is done with it.
+                Route::Fold(_) if routes.settling(key.series(), now) => continue,
                 Route::Fold(series) => {
                     // Gone already is fine: nothing else deletes, and a late event recreates it.
                     let Ok(value) = map.get(&key, 0) else {

@@ -49,16 +49,6 @@ impl Log2Hist {
         self.bytes = self.bytes.wrapping_add(other.bytes);
     }
 
-    /// Raises every slot, the sum and the bytes to at least `floor`'s: a view read while the
-    /// kernel moved counts (a lower bound) never shows less than what was shown before.
-    pub fn raise_to(&mut self, floor: &Log2Hist) {
-        for (a, b) in self.slots.iter_mut().zip(floor.slots.iter()) {
-            *a = (*a).max(*b);
-        }
-        self.sum_ns = self.sum_ns.max(floor.sum_ns);
-        self.bytes = self.bytes.max(floor.bytes);
-    }
-
     pub fn count(&self) -> u64 {
         self.slots.iter().sum()
     }

@@ -19,6 +19,12 @@ use pgio_common::SeriesId;
 /// (and recreate their key) after the process was classified.
 const GRACE: Duration = Duration::from_secs(30);
 
+/// How long a provisional series' keys stay in the kernel map after the kernel stopped
+/// booking under it: a program that read the series just before the switch (or a request
+/// submitted under it) may still add to a key, and an add between the fold's read of the key
+/// and its delete would be lost. Scrapes count the keys under their target meanwhile.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// How long the events of a process that exited unclassified are held back for its title,
 /// which the kernel sent before the exit and discovery may read after it (`classified_late`).
 /// Then they go to the fallback for good: once shown under one series, counts never move to
@@ -167,6 +173,17 @@ impl Provisional {
         }
     }
 
+    /// Whether the keys of provisional `series` may still be added to (closed less than
+    /// `SETTLE` before `now`): the fold pass leaves them in the map until then.
+    pub fn settling(&self, series: SeriesId, now: Instant) -> bool {
+        series.is_provisional()
+            && self
+                .entries
+                .get(&series.provisional_tgid())
+                .and_then(|e| e.closed_at)
+                .is_some_and(|t| now.saturating_duration_since(t) < SETTLE)
+    }
+
     /// The generation series id `series` has now.
     pub fn generation(&self, series: SeriesId) -> u32 {
         self.generations
@@ -250,6 +267,10 @@ mod tests {
             "closed, kept for late completions"
         );
         assert_eq!(p.route(SeriesId::provisional(100)), Route::Fold(s(7)));
+        let now = Instant::now();
+        assert!(p.settling(SeriesId::provisional(100), now), "just switched");
+        assert!(!p.settling(SeriesId::provisional(100), now + SETTLE));
+        assert!(!p.settling(s(7), now), "not provisional");
         assert_eq!(
             p.route(SeriesId::provisional(101)),
             Route::Pending,

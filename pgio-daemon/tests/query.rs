@@ -205,11 +205,6 @@ fn pgbench_modes(major: u32, port: u16) {
             .and_then(|v| v.split('/').next()?.trim().parse().ok())
             .unwrap_or_else(|| panic!("no transaction count in {stdout}"));
         assert_eq!(transactions, (CLIENTS * PER_CLIENT) as f64);
-        let after = s.settle(&before, transactions);
-        let got = delta(&before, &after, "pgio_query_seconds_count", &s.backend());
-        eprintln!(
-            "PostgreSQL {major} -M {mode}: pgbench {transactions} transactions, pgio {got} queries"
-        );
         // -M prepared: each client first prepares the statement (Parse, Sync), a round trip of
         // its own that PostgreSQL reports active then idle, like pg_stat_activity shows it.
         let prepares = if mode == "prepared" {
@@ -217,6 +212,13 @@ fn pgbench_modes(major: u32, port: u16) {
         } else {
             0.0
         };
+        // Waits for all of them: a busy CPU books its last queries when their run is 1 s old
+        // (CI's 601 for 602 was a scrape taken once 600 had shown, 300 ms later).
+        let after = s.settle(&before, transactions + prepares);
+        let got = delta(&before, &after, "pgio_query_seconds_count", &s.backend());
+        eprintln!(
+            "PostgreSQL {major} -M {mode}: pgbench {transactions} transactions, pgio {got} queries"
+        );
         assert_eq!(
             got,
             transactions + prepares,

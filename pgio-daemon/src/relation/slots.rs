@@ -1,17 +1,12 @@
 //! The kernel's fd slots (`RELATION_FDS`): the file each fd of a tracked process names, and
 //! the rows of calls the kernel counted on it there (`pgio-ebpf/src/relation.rs`). A row's
 //! counts live in the slot until an `openat` takes the slot for another file and folds them
-//! into `RELATION_HIST`.
-//!
-//! Why a scrape never shows less than before, by construction: the kernel only adds to rows
-//! and keys, and a fold only moves counts from a row into a key. A scrape reads the hash maps
-//! first and the slots after, so counts a fold moves meanwhile are missed (still in the row
-//! when its key was read, gone from the row when the row is read), never seen twice: every
-//! view is a lower bound of what was counted, exact when no fold ran during the read
-//! (`RELATION_FOLDS`). Each id is then served at least what it was served before (slot by
-//! slot), while its series keeps its generation. A view that a fold crossed is re-read once;
-//! a second such view is served as its lower bound, raised to what was shown, and counted
-//! (`pgio_inconsistent_reads_total`): low for that scrape, exact again at the next one.
+//! into `RELATION_HIST`; so a scrape reads the hash map and the slots as one view, and reads
+//! again when a fold ran meanwhile (it would have seen the moved counts twice, or not at all,
+//! and the exported counters would step back at the next scrape). When folds keep coming for
+//! every try (an `openat` storm on slots with counts), the scrape serves the last consistent
+//! view instead, less the series freed since: stale for a scrape, never smaller than what was
+//! shown (`pgio_inconsistent_reads_total` counts those scrapes).
 use std::{collections::BTreeMap, thread, time::Duration};
 
 use anyhow::{Context, Result, bail};
@@ -34,9 +29,9 @@ use crate::{
     provisional::{Provisional, Route},
 };
 
-/// Reads of one view: a second read after a fold crossed the first (a fold takes
-/// microseconds; only an `openat` storm on slots with counts keeps them coming).
-const TRIES: u32 = 2;
+/// Reads of one view before giving up on a quiet moment (a fold takes microseconds; only an
+/// `openat` storm on slots with counts keeps them coming).
+const TRIES: u32 = 8;
 
 pub struct Slots {
     /// For writes (`open_files`).
@@ -45,8 +40,11 @@ pub struct Slots {
     view: MappedValues,
     entries: u32,
     folds: Array<MapData, u64>,
-    shown: Floor,
-    /// Scrapes whose view a fold crossed on every try (served as a lower bound).
+    /// The last view read with no fold meanwhile, and the generation of each of its series
+    /// then (a series freed since is left out when it is served again).
+    last_consistent: Hists<RelationId>,
+    generations: BTreeMap<SeriesId, u32>,
+    /// Scrapes that got `last_consistent` because folds kept coming.
     pub inconsistent_reads: u64,
 }
 
@@ -74,7 +72,8 @@ impl Slots {
             view,
             entries,
             folds: take_map(ebpf, "RELATION_FOLDS")?,
-            shown: Floor::default(),
+            last_consistent: Hists::new(),
+            generations: BTreeMap::new(),
             inconsistent_reads: 0,
         })
     }
@@ -92,37 +91,50 @@ impl Slots {
         self.folds.get(&which, 0).unwrap_or(0)
     }
 
-    /// `read_map()` (the hash maps' histograms) plus the slots' rows, each id raised to what
-    /// it was served before (see the module doc).
+    /// `read_map()` (the hash maps' histograms) plus the slots' rows, with no fold between
+    /// the first read and the last; else the last such view (see the module doc).
     pub fn read_with(
         &mut self,
         routes: &Provisional,
         read_map: impl Fn() -> Hists<RelationId>,
     ) -> Hists<RelationId> {
-        let mut view = Hists::new();
         for attempt in 0..TRIES {
-            if attempt > 0 {
-                thread::sleep(Duration::from_micros(200));
-            }
-            let started = self.folds(FOLDS_STARTED);
             let finished = self.folds(FOLDS_FINISHED);
-            // The maps before the slots: a fold meanwhile hides counts, never doubles them.
-            view = read_map();
+            let started = self.folds(FOLDS_STARTED);
+            if started != finished {
+                if attempt + 1 < TRIES {
+                    thread::sleep(Duration::from_micros(200));
+                }
+                continue;
+            }
+            let mut view = read_map();
             self.add_rows(routes, &mut view);
-            if started == finished && self.folds(FOLDS_STARTED) == started {
-                return self.shown.serve(routes, view);
+            if self.folds(FOLDS_STARTED) == started {
+                self.generations = view
+                    .keys()
+                    .map(|id| (id.series, routes.generation(id.series)))
+                    .collect();
+                self.last_consistent = view.clone();
+                return view;
             }
         }
         self.inconsistent_reads += 1;
         if self.inconsistent_reads == 1 {
             warn!(
                 tries = TRIES,
-                "relation rows: fd slots kept being taken while read; serving what the reads \
-                 prove, never less than shown (pgio_inconsistent_reads_total counts each such \
-                 scrape)"
+                "relation rows: fd slots kept being taken while read; serving the last \
+                 consistent view (pgio_inconsistent_reads_total counts each such scrape)"
             );
         }
-        self.shown.serve(routes, view)
+        let generations = &self.generations;
+        self.last_consistent
+            .iter()
+            .filter(|(id, _)| {
+                generations.get(&id.series) == Some(&routes.generation(id.series))
+                    && !routes.retired.contains(&id.series)
+            })
+            .map(|(id, h)| (*id, h.clone()))
+            .collect()
     }
 
     /// Adds the rows of live series to `out`, under their slot's file.
@@ -150,40 +162,6 @@ impl Slots {
                 h.bytes = h.bytes.wrapping_add(row.bytes);
             }
         }
-    }
-}
-
-/// What each id was served, and the generation of each of their series then (a series freed
-/// since starts over).
-#[derive(Default)]
-pub struct Floor {
-    hists: Hists<RelationId>,
-    generations: BTreeMap<SeriesId, u32>,
-}
-
-impl Floor {
-    /// `view` with each id raised to what it was served, while its series keeps its
-    /// generation; an id missing from `view` keeps its last value. Kept as the next floor.
-    pub fn serve(
-        &mut self,
-        routes: &Provisional,
-        mut view: Hists<RelationId>,
-    ) -> Hists<RelationId> {
-        let same = |id: &RelationId, generations: &BTreeMap<SeriesId, u32>| {
-            generations.get(&id.series) == Some(&routes.generation(id.series))
-                && !routes.retired.contains(&id.series)
-        };
-        for (id, floor) in &self.hists {
-            if same(id, &self.generations) {
-                view.entry(*id).or_default().raise_to(floor);
-            }
-        }
-        self.generations = view
-            .keys()
-            .map(|id| (id.series, routes.generation(id.series)))
-            .collect();
-        self.hists = view.clone();
-        view
     }
 }
 
@@ -287,39 +265,6 @@ mod tests {
                 .all(|(k, _)| k.file == slot.file && k.series.0 == 3)
         );
         assert_eq!(keys[0].0.slot, 11, "1.5 µs is in (1024, 2048] ns");
-    }
-
-    fn hist(slot: usize, calls: u64, ns: u64) -> Hists<RelationId> {
-        let id = RelationId {
-            series: SeriesId(3),
-            file: RelFile::OTHER,
-            syscall: Syscall::Pread64,
-            cache: Cache::Hit,
-        };
-        let mut h = crate::log2_hist::Log2Hist::default();
-        h.slots[slot] = calls;
-        h.sum_ns = ns;
-        Hists::from([(id, h)])
-    }
-
-    #[test]
-    fn a_view_a_fold_crossed_is_never_served_below_what_was_shown() {
-        let mut routes = Provisional::default();
-        let mut floor = Floor::default();
-        let first = floor.serve(&routes, hist(10, 46, 46_000));
-        assert_eq!(first, hist(10, 46, 46_000));
-        // A fold moved 2 calls out of a row after their key was read: the view is 2 low.
-        let crossed = floor.serve(&routes, hist(10, 44, 44_000));
-        assert_eq!(crossed, hist(10, 46, 46_000), "served what was shown");
-        let exact = floor.serve(&routes, hist(10, 62, 62_000));
-        assert_eq!(exact, hist(10, 62, 62_000), "then the exact view again");
-        // A key missing from a view keeps its last value.
-        assert_eq!(floor.serve(&routes, Hists::new()), hist(10, 62, 62_000));
-        // A freed id starts over under its next labels.
-        routes.next_generation(SeriesId(3));
-        assert_eq!(floor.serve(&routes, hist(10, 1, 1_000)), hist(10, 1, 1_000));
-        routes.retired.insert(SeriesId(3));
-        assert!(floor.serve(&routes, Hists::new()).is_empty());
     }
 
     #[test]

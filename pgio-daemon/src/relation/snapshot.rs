@@ -31,7 +31,7 @@ use crate::{
 pub struct RelationSnapshot {
     pub hists: Hists<RelationId>,
     pub state: Arc<Mutex<RelationState>>,
-    /// Scrapes so far whose view a fold crossed (`slots::Slots::read_with`).
+    /// Scrapes so far that served the last consistent view (`slots::Slots::read_with`).
     pub inconsistent_reads: u64,
 }
 
@@ -98,7 +98,8 @@ impl Snapshot for RelationSnapshot {
             .iter()
             .filter(|(id, _)| {
                 let cluster = &scrape.series(id.series).cluster;
-                !file_ref(&id.file).is_some_and(|f| state.book.pending(cluster, &f))
+                state.top.shown(id)
+                    || !file_ref(&id.file).is_some_and(|f| state.book.pending(cluster, &f))
             })
             .map(|(id, h)| {
                 let cluster = &scrape.series(id.series).cluster;
@@ -238,7 +239,7 @@ pub static RELATION_REST: MetricFamily = MetricFamily {
 
 pub static INCONSISTENT_READS: MetricFamily = MetricFamily {
     name: "pgio_inconsistent_reads",
-    help: "Scrapes that could not read a family's kernel counts as one view (reason=folds_during_read: the kernel moved the relation family's fd-slot counts into its map while they were read, twice in a row) and served what the reads prove instead: each series at least what it showed before, low by the moved counts for that scrape.",
+    help: "Scrapes that could not read a family's kernel counts as one view (reason=folds_during_read: the kernel kept moving the relation family's fd-slot counts into its map while they were read) and served that family's last consistent view instead: stale for that scrape, never lower than what was shown.",
     kind: Kind::Counter,
 };
 

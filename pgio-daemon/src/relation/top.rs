@@ -3,13 +3,13 @@
 //! the others are booked together as `relation="(rest)"` of their database. A hostile user
 //! with 100,000 tables moves the places around, never their number.
 //!
-//! Counters stay monotonic across moves: `(rest)` counts a relation only while it has no
-//! place and keeps what it booked when the relation gets one; when a relation loses its
-//! place its own series ends and what it showed moves into `(rest)`, so the sum over a
-//! database's relation series stays the total. A relation that gets a place again goes on
-//! from what its own series showed (starting over from 0 would read as a counter reset):
-//! from then on that amount is in both, and the sum exceeds the total by it (rates are
-//! right: nothing jumps).
+//! Counters stay monotonic across moves, and the sum over a database's relation series stays
+//! the total: `(rest)` counts a relation's calls only while it has no place, and keeps them
+//! when it gets one. A relation that loses its place keeps its own series, frozen at what it
+//! showed (up to `max_relations` such series per cluster, the latest to lose their places),
+//! and goes on from there if it gets a place again. One pushed out of those moves what it
+//! showed into `(rest)`, and its own series ends; should it get a place after that, its
+//! series starts again from 0 (after at least one scrape without it: a new series).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     time::{Duration, Instant},
@@ -61,7 +61,11 @@ pub const REST: &str = "(rest)";
 #[derive(Debug)]
 struct Booked {
     own: bool,
-    /// The kernel key's counts when it last changed sides (own series or `(rest)`).
+    /// The `(rest)` it counts under (or would): its database's, named once the catalogs are
+    /// read (`(oid N)` until then).
+    rest: Exported,
+    /// The kernel key's counts when it last changed sides (own series or `(rest)`), or
+    /// `(rest)` series.
     base: Log2Hist,
     /// What its own series showed in its earlier periods with a place.
     shown: Log2Hist,
@@ -77,6 +81,8 @@ pub struct Top<Id> {
     booked: BTreeMap<Id, Booked>,
     /// What relations booked into `(rest)` before they got places of their own.
     frozen: BTreeMap<Exported, Log2Hist>,
+    /// Relations without a place whose own series is kept frozen, with when they lost it.
+    kept: HashMap<Rank, Instant>,
 }
 
 impl<Id: Clone + Ord> Top<Id> {
@@ -88,7 +94,14 @@ impl<Id: Clone + Ord> Top<Id> {
             ranked_totals: HashMap::new(),
             booked: BTreeMap::new(),
             frozen: BTreeMap::new(),
+            kept: HashMap::new(),
         }
+    }
+
+    /// Whether `id` was booked at an earlier scrape: it is shown, so it is never left out of
+    /// one again (its series would step back), also while its file waits for its name.
+    pub fn shown(&self, id: &Id) -> bool {
+        self.booked.contains_key(id)
     }
 
     /// Relations booked under `(rest)` now, per cluster.
@@ -113,37 +126,42 @@ impl<Id: Clone + Ord> Top<Id> {
             let rest = rest_of(i);
             let b = self.booked.entry(i.id.clone()).or_insert(Booked {
                 own,
+                rest: rest.clone(),
                 base: Log2Hist::default(),
                 shown: Log2Hist::default(),
             });
+            let since = minus(&i.hist, &b.base);
             if b.own != own {
-                let since = minus(&i.hist, &b.base);
                 if b.own {
-                    // Its own series ends: what it showed moves into (rest), and is kept for
-                    // when it comes back.
+                    // Its own series stops growing, kept at what it showed.
                     b.shown.merge(&since);
+                    self.kept.entry(i.rank.clone()).or_insert(now);
+                } else {
+                    // What it booked into (rest) stays there.
+                    self.frozen.entry(b.rest.clone()).or_default().merge(&since);
+                    self.kept.remove(&i.rank);
                 }
-                // What it booked into (rest) stays there.
-                self.frozen.entry(rest.clone()).or_default().merge(&since);
                 b.base = i.hist.clone();
                 b.own = own;
+            } else if !own && b.rest != rest {
+                // Its database was named meanwhile: what it booked stays in the `(rest)` that
+                // showed it (which would step back), what comes next goes to the new one.
+                self.frozen.entry(b.rest.clone()).or_default().merge(&since);
+                b.base = i.hist.clone();
             }
+            b.rest = rest.clone();
             let mut h = minus(&i.hist, &b.base);
-            let key = if own {
+            if own {
                 h.merge(&b.shown);
-                Exported {
-                    series: i.series,
-                    database: i.rank.database.clone(),
-                    relation: i.rank.relation.clone(),
-                    kind: i.rank.kind,
-                    syscall: i.syscall,
-                    cache: i.cache,
-                }
+                out.entry(own_of(i)).or_default().merge(&h);
             } else {
-                rest
-            };
-            out.entry(key).or_default().merge(&h);
+                out.entry(rest).or_default().merge(&h);
+                if b.shown != Log2Hist::default() {
+                    out.entry(own_of(i)).or_default().merge(&b.shown);
+                }
+            }
         }
+        self.release_kept(items, &mut out);
         let live: BTreeSet<&Id> = items.iter().map(|i| &i.id).collect();
         self.booked.retain(|id, _| live.contains(id));
         let series: HashSet<SeriesId> = items.iter().map(|i| i.series).collect();
@@ -152,6 +170,50 @@ impl<Id: Clone + Ord> Top<Id> {
             out.entry(k.clone()).or_default().merge(h);
         }
         out
+    }
+
+    /// Past `max` kept series in a cluster, those that lost their places first end: what
+    /// they showed moves into their `(rest)`, their series stop.
+    fn release_kept(&mut self, items: &[Item<Id>], out: &mut BTreeMap<Exported, Log2Hist>) {
+        let live: HashSet<&Rank> = items.iter().map(|i| &i.rank).collect();
+        self.kept.retain(|r, _| live.contains(r));
+        let mut by_cluster: HashMap<&str, Vec<(&Rank, Instant)>> = HashMap::new();
+        for (r, at) in &self.kept {
+            by_cluster.entry(&r.cluster).or_default().push((r, *at));
+        }
+        let mut released: HashSet<Rank> = HashSet::new();
+        for kept in by_cluster.values_mut() {
+            if kept.len() > self.max {
+                kept.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(b.0)));
+                let over = kept.len() - self.max;
+                released.extend(kept.iter().take(over).map(|(r, _)| (*r).clone()));
+            }
+        }
+        if released.is_empty() {
+            return;
+        }
+        for i in items.iter().filter(|i| released.contains(&i.rank)) {
+            let Some(b) = self.booked.get_mut(&i.id) else {
+                continue;
+            };
+            if b.own || b.shown == Log2Hist::default() {
+                continue;
+            }
+            let own = own_of(i);
+            if let Some(h) = out.get_mut(&own) {
+                *h = minus(h, &b.shown);
+                if *h == Log2Hist::default() {
+                    out.remove(&own);
+                }
+            }
+            // Into (rest) in `out` too: `frozen` is added to it after this.
+            self.frozen
+                .entry(b.rest.clone())
+                .or_default()
+                .merge(&b.shown);
+            b.shown = Log2Hist::default();
+        }
+        self.kept.retain(|r, _| !released.contains(r));
     }
 
     /// Hands out the places: once an interval is over, again, to the relations with the most
@@ -216,6 +278,17 @@ impl<Id: Clone + Ord> Top<Id> {
     }
 }
 
+fn own_of<Id>(i: &Item<Id>) -> Exported {
+    Exported {
+        series: i.series,
+        database: i.rank.database.clone(),
+        relation: i.rank.relation.clone(),
+        kind: i.rank.kind,
+        syscall: i.syscall,
+        cache: i.cache,
+    }
+}
+
 fn rest_of<Id>(i: &Item<Id>) -> Exported {
     Exported {
         series: i.series,
@@ -273,6 +346,31 @@ mod tests {
     }
 
     #[test]
+    fn a_database_named_while_in_rest_leaves_what_it_showed_there() {
+        let mut top: Top<u32> = Top::new(1);
+        let t0 = Instant::now();
+        let mut unnamed = item(2, "b", 5, 50);
+        unnamed.rank.database = "(oid 5)".into();
+        let out = top.book(t0, &[item(1, "a", 10, 100), unnamed]);
+        let rest = |out: &BTreeMap<Exported, Log2Hist>, db: &str| {
+            out.iter()
+                .find(|(k, _)| k.relation == REST && k.database == db)
+                .map(|(_, h)| h.count())
+        };
+        assert_eq!(rest(&out, "(oid 5)"), Some(5));
+        // The catalogs named its database (3 more calls meanwhile, booked where they were
+        // shown), then 2 more; a keeps its place.
+        let out = top.book(t0, &[item(1, "a", 20, 1_000), item(2, "b", 8, 80)]);
+        assert_eq!(rest(&out, "(oid 5)"), Some(8), "never steps back");
+        assert_eq!(rest(&out, "db"), Some(0));
+        let out = top.book(t0, &[item(1, "a", 30, 2_000), item(2, "b", 10, 100)]);
+        assert_eq!(rest(&out, "(oid 5)"), Some(8));
+        assert_eq!(rest(&out, "db"), Some(2), "what came after");
+        let total: u64 = out.values().map(Log2Hist::count).sum();
+        assert_eq!(total, 40, "the sum stays the total");
+    }
+
+    #[test]
     fn places_go_by_recent_io_time_and_every_counter_stays_monotonic() {
         let mut top: Top<u32> = Top::new(2);
         let t0 = Instant::now();
@@ -291,7 +389,7 @@ mod tests {
         assert_eq!(calls(&out, REST), Some(5));
         // c does IO, a and b none since the ranking: c takes the place of the member with
         // the least IO time since (a tie: the last by name, b). What c booked into (rest)
-        // stays there; b's own series ends and its 20 calls move into (rest).
+        // stays there; b's own series is kept at its 20 calls.
         let t1 = t0 + INTERVAL / 2;
         let out = top.book(
             t1,
@@ -303,8 +401,8 @@ mod tests {
         );
         assert_eq!(calls(&out, "c"), Some(0));
         assert_eq!(calls(&out, "a"), Some(10));
-        assert_eq!(calls(&out, "b"), None);
-        assert_eq!(calls(&out, REST), Some(70));
+        assert_eq!(calls(&out, "b"), Some(20));
+        assert_eq!(calls(&out, REST), Some(50));
         assert_eq!(
             top.in_rest(&[item(2, "b", 20, 200)]).get("c"),
             Some(&1),
@@ -320,7 +418,7 @@ mod tests {
             ],
         );
         assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(14), Some(7)));
-        assert_eq!(calls(&out, REST), Some(72));
+        assert_eq!((calls(&out, "b"), calls(&out, REST)), (Some(20), Some(52)));
         // The next ranking goes by the interval's IO time: c 5,650 ns and a 40 keep theirs.
         let out = top.book(
             t0 + INTERVAL,
@@ -331,16 +429,16 @@ mod tests {
             ],
         );
         assert_eq!((calls(&out, "a"), calls(&out, "c")), (Some(14), Some(8)));
-        assert_eq!(calls(&out, REST), Some(72));
+        assert_eq!(calls(&out, REST), Some(52));
         // A relation gone frees its place for the next one with IO at once; what b booked
-        // into (rest) stays there, and its own series goes on from the 20 it showed (never
-        // back to 0: a counter reset to Prometheus).
+        // into (rest) stays there, and its own series goes on from the 20 it showed: the
+        // sum counts each call once.
         let out = top.book(
             t0 + INTERVAL + Duration::from_secs(1),
             &[item(1, "a", 14, 140), item(2, "b", 23, 230)],
         );
         assert_eq!(calls(&out, "b"), Some(20));
-        assert_eq!(calls(&out, REST), Some(73));
+        assert_eq!(calls(&out, REST), Some(53));
     }
 
     #[test]
@@ -383,12 +481,35 @@ mod tests {
         for r in ["x", "y", "z"] {
             assert_eq!(calls(&out, r), Some(1), "{r}");
         }
-        assert_eq!((calls(&out, "a"), calls(&out, "w")), (None, None));
         assert_eq!(
-            calls(&out, REST),
-            Some(3),
-            "w's call, and a's two, moved there with the place"
+            (calls(&out, "a"), calls(&out, "w")),
+            (Some(2), None),
+            "a's series kept at what it showed"
         );
+        assert_eq!(calls(&out, REST), Some(1), "w's call");
+        // Past 3 kept series (the places' number), the first to lose its place ends: what it
+        // showed moves into (rest). x, y, z lose theirs to p, q, r.
+        let t2 = t0 + Duration::from_secs(2);
+        let mut items = vec![
+            item(1, "a", 2, 1_005),
+            item(2, "x", 1, 100),
+            item(3, "y", 1, 50),
+            item(4, "z", 1, 20),
+            item(5, "w", 1, 1),
+        ];
+        items.extend([
+            item(6, "p", 1, 500),
+            item(7, "q", 1, 400),
+            item(8, "r", 1, 300),
+        ]);
+        let out = top.book(t2, &items);
+        assert_eq!(calls(&out, "a"), None, "released");
+        for r in ["x", "y", "z"] {
+            assert_eq!(calls(&out, r), Some(1), "{r} kept");
+        }
+        assert_eq!(calls(&out, REST), Some(3), "w's call and a's two");
+        let total: u64 = out.values().map(Log2Hist::count).sum();
+        assert_eq!(total, 9, "each call once");
     }
 
     #[test]
