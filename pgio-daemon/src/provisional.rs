@@ -22,8 +22,10 @@ const GRACE: Duration = Duration::from_secs(30);
 /// How long a provisional series' keys stay in the kernel map after the kernel stopped
 /// booking under it: a program that read the series just before the switch (or a request
 /// submitted under it) may still add to a key, and an add between the fold's read of the key
-/// and its delete would be lost. Scrapes count the keys under their target meanwhile.
-const SETTLE: Duration = Duration::from_secs(1);
+/// and its delete would be lost. Scrapes count the keys under their target meanwhile. Short:
+/// those programs run for microseconds, and every provisional key left in a map counts
+/// against the provisional owner's share (`pgbench -C` makes hundreds a second).
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// How long the events of a process that exited unclassified are held back for its title,
 /// which the kernel sent before the exit and discovery may read after it (`classified_late`).
