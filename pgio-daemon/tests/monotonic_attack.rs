@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{Daemon, delta};
 use pgio_testkit::{
-    MonotonicWatch, PgCluster, PgOptions, fake::AttackerFiles, fake::Fake, pg_bin_dir,
+    MonotonicWatch, PgCluster, PgOptions, WatchReport, fake::AttackerFiles, fake::Fake, pg_bin_dir,
     require_root, temp_dir,
 };
 
@@ -102,14 +102,7 @@ fn no_counter_steps_back_during_an_unprivileged_fork_burst() {
         watched.scrapes,
         watched.steps_back.len()
     );
-    assert!(watched.scrapes >= 100, "{} scrapes", watched.scrapes);
-    assert!(
-        watched.clean(),
-        "{} samples stepped back, {} series twice in a scrape:\n{}",
-        watched.steps_back.len(),
-        watched.duplicates.len(),
-        watched.describe(30)
-    );
+    assert_clean(&watched);
     assert!(syscall_reads > 0.0, "the real cluster read nothing");
     assert_eq!(
         relation_reads, syscall_reads,
@@ -196,14 +189,7 @@ fn no_counter_steps_back_across_a_cluster_restart() {
         report.scrapes,
         report.steps_back.len()
     );
-    assert!(report.scrapes >= 100, "{} scrapes", report.scrapes);
-    assert!(
-        report.clean(),
-        "{} samples stepped back, {} series twice in a scrape:\n{}",
-        report.steps_back.len(),
-        report.duplicates.len(),
-        report.describe(30)
-    );
+    assert_clean(&report);
     assert!(
         syscalls >= 4.0 * TABLES as f64,
         "4 checkpoints: {syscalls} calls"
@@ -215,4 +201,16 @@ fn no_counter_steps_back_across_a_cluster_restart() {
     daemon.stop().expect("daemon stop");
     watched.stop().expect("daemon stop");
     pg.stop().expect("stop");
+}
+
+/// At least 100 scrapes, none with a sample lower than the scrape before or a series twice.
+fn assert_clean(report: &WatchReport) {
+    assert!(report.scrapes >= 100, "{} scrapes", report.scrapes);
+    assert!(
+        report.clean(),
+        "{} samples stepped back, {} series twice in a scrape:\n{}",
+        report.steps_back.len(),
+        report.duplicates.len(),
+        report.describe(30)
+    );
 }

@@ -64,8 +64,7 @@ struct Booked {
     /// The `(rest)` it counts under (or would): its database's, named once the catalogs are
     /// read (`(oid N)` until then).
     rest: Exported,
-    /// The kernel key's counts when it last changed sides (own series or `(rest)`), or
-    /// `(rest)` series.
+    /// The kernel key's counts at its last move (to or from a place, or to another `(rest)`).
     base: Log2Hist,
     /// What its own series showed in its earlier periods with a place.
     shown: Log2Hist,
@@ -130,24 +129,20 @@ impl<Id: Clone + Ord> Top<Id> {
                 base: Log2Hist::default(),
                 shown: Log2Hist::default(),
             });
-            let since = minus(&i.hist, &b.base);
-            if b.own != own {
+            // A move: to or from a place, or between two `(rest)` (its database named since).
+            if b.own != own || (!own && b.rest != rest) {
+                let since = minus(&i.hist, &b.base);
                 if b.own {
                     // Its own series stops growing, kept at what it showed.
                     b.shown.merge(&since);
                     self.kept.entry(i.rank.clone()).or_insert(now);
                 } else {
-                    // What it booked into (rest) stays there.
+                    // What it booked into a `(rest)` stays there (that one would step back).
                     self.frozen.entry(b.rest.clone()).or_default().merge(&since);
                     self.kept.remove(&i.rank);
                 }
                 b.base = i.hist.clone();
                 b.own = own;
-            } else if !own && b.rest != rest {
-                // Its database was named meanwhile: what it booked stays in the `(rest)` that
-                // showed it (which would step back), what comes next goes to the new one.
-                self.frozen.entry(b.rest.clone()).or_default().merge(&since);
-                b.base = i.hist.clone();
             }
             b.rest = rest.clone();
             let mut h = minus(&i.hist, &b.base);
