@@ -117,8 +117,8 @@ impl Family for QueryIdFamily {
             state: Mutex::new(State {
                 places: Places::new(config.max_query_ids),
                 epoch: 0,
-                sources: sources::Sources::default(),
             }),
+            known: Mutex::default(),
             on: on(config),
             sources_on: sources_on(config),
         });
@@ -135,6 +135,8 @@ struct Inner {
     epoch_map: Mutex<Array<MapData, u32>>,
     max_entries: u32,
     state: Mutex<State>,
+    /// The postmasters whose sources were looked for.
+    known: Mutex<sources::Sources>,
     on: bool,
     sources_on: bool,
 }
@@ -143,7 +145,6 @@ struct State {
     places: Places,
     /// The epoch the kernel makes rows in now.
     epoch: u8,
-    sources: sources::Sources,
 }
 
 pub struct QueryIdSource(Arc<Inner>);
@@ -232,7 +233,7 @@ impl Source for QueryIdSource {
         Box::new(QueryIdSnapshot {
             exported: state.places.exported.clone(),
             in_rest: state.places.in_rest(),
-            sources: state.sources.count(),
+            sources: lock(&self.0.known).count(),
         })
     }
 
@@ -242,35 +243,7 @@ impl Source for QueryIdSource {
         if !self.0.sources_on {
             return;
         }
-        let postmasters = sources::postmasters(tracked);
-        let new = lock(&self.0.state).sources.new_ones(&postmasters);
-        for (pid, children) in new {
-            let found = sources::find(pid);
-            if let Ok(src) = &found {
-                let mut map = lock(&self.0.sources);
-                for p in std::iter::once(pid).chain(children) {
-                    // A process gone meanwhile needs none.
-                    let _ = map.insert(p, *src, 0);
-                }
-            }
-            let members = postmasters
-                .iter()
-                .find(|(p, _)| *p == pid)
-                .map_or(&[][..], |(_, m)| m.as_slice());
-            lock(&self.0.state).sources.store(pid, found, members);
-        }
-        let late = lock(&self.0.state).sources.late_members(&postmasters);
-        for (pm, src, members) in late {
-            let mut map = lock(&self.0.sources);
-            // Most have theirs, copied at their fork: one map lookup spares a /proc read.
-            let missing: Vec<u32> = members
-                .into_iter()
-                .filter(|p| map.get(p, 0).is_err())
-                .collect();
-            for p in sources::children(pm, &missing) {
-                let _ = map.insert(p, src, 0);
-            }
-        }
+        sources::publish(tracked, &self.0.known, &self.0.sources);
         if self.0.on {
             self.0.drain(tracked);
         }

@@ -6,11 +6,51 @@ use std::{
     collections::{HashMap, HashSet},
     io,
     path::Path,
+    sync::Mutex,
 };
 
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use pgio_common::query_id::IdSource;
 
 use crate::{lock, query::backend_status, relation::names, series::SharedTracked};
+
+/// Tells the kernel where new postmasters' backends keep their query id, and where the
+/// members it missed at their fork keep theirs.
+pub fn publish(
+    tracked: &SharedTracked,
+    known: &Mutex<Sources>,
+    map: &Mutex<BpfHashMap<MapData, u32, IdSource>>,
+) {
+    let postmasters = postmasters(tracked);
+    let new = lock(known).new_ones(&postmasters);
+    for (pid, children) in new {
+        let found = find(pid);
+        if let Ok(src) = &found {
+            let mut map = lock(map);
+            for p in std::iter::once(pid).chain(children) {
+                // A process gone meanwhile needs none.
+                let _ = map.insert(p, *src, 0);
+            }
+        }
+        let members = postmasters
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map_or(&[][..], |(_, m)| m.as_slice());
+        lock(known).store(pid, found, members);
+    }
+    let late = lock(known).late_members(&postmasters);
+    for (pm, src, members) in late {
+        let mut map = lock(map);
+        // Most have theirs, copied at their fork: one map lookup spares a /proc read.
+        let missing: Vec<u32> = members
+            .into_iter()
+            .filter(|p| map.get(p, 0).is_err())
+            .collect();
+        for p in children(pm, &missing) {
+            let _ = map.insert(p, src, 0);
+        }
+    }
+}
 
 /// Postmasters pgio tracks now, with the tracked PostgreSQL processes of their clusters.
 pub fn postmasters(tracked: &SharedTracked) -> Vec<(u32, Vec<u32>)> {
