@@ -28,6 +28,14 @@ use crate::{
     provisional::Provisional,
 };
 
+pub static INFLIGHT_TIMEOUT: crate::config::Key = crate::config::Key::at_least(
+    "block_inflight_timeout_secs",
+    180,
+    1,
+    "a block request issued this long ago, never seen completing, counts in pgio_block_io_lost_completions_total and is forgotten (SCSI: 30 s, 5 retries)",
+);
+static CONFIG_KEYS: &[&crate::config::Key] = &[&INFLIGHT_TIMEOUT];
+
 pub static HIST: HistMapSpec = HistMapSpec {
     family: "block_io",
     map: "BLOCK_IO_HIST",
@@ -39,6 +47,10 @@ const INFLIGHT_MAP: &str = "BLOCK_IO_INFLIGHT";
 pub struct BlockIoFamily;
 
 impl Family for BlockIoFamily {
+    fn config_keys(&self) -> &'static [&'static crate::config::Key] {
+        CONFIG_KEYS
+    }
+
     fn name(&self) -> &'static str {
         "block_io"
     }
@@ -74,7 +86,7 @@ impl Family for BlockIoFamily {
     }
 
     fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
-        let block = BlockIo::take(ebpf, config.block_inflight_timeout(), hist_rows(config))?;
+        let block = BlockIo::take(ebpf, config.secs(&INFLIGHT_TIMEOUT), hist_rows(config))?;
         Ok(Taken {
             balanced: Some(block.hists.balanced()),
             source: Some(Box::new(block)),
@@ -96,7 +108,7 @@ pub struct BlockIoId {
 /// histogram (1.5 KiB), where a one-slot key held one slot of one: a sixteenth of
 /// `hist_map_max_entries` (4,096 by default, 6.6 MiB), at least 1,024.
 fn hist_rows(config: &Config) -> u32 {
-    (config.hist_map_entries() / 16).max(1024)
+    (crate::hist::entries(config) / 16).max(1024)
 }
 
 impl HistValue for BlockIoRow {

@@ -9,6 +9,19 @@ use std::{
 use pgio_common::block_io::{dev_major, dev_minor, mkdev};
 use tracing::warn;
 
+/// The Longhorn device directory, `None` when turned off (`""`).
+pub fn longhorn_dir(config: &crate::config::Config) -> Option<PathBuf> {
+    let dir = config.text(&LONGHORN_DEVICE_DIR);
+    (!dir.is_empty()).then(|| PathBuf::from(dir))
+}
+
+pub static LONGHORN_DEVICE_DIR: crate::config::Key = crate::config::Key::path(
+    "longhorn_device_dir",
+    "/dev/longhorn",
+    true,
+    "Longhorn's volume device nodes (named after the PV), read at every scrape: their block series get volume=; in a container, the host's /dev/longhorn",
+);
+
 /// Device names and Longhorn volumes for one scrape, and the devices it has seen so far
 /// (`pgio_device_info` lists them).
 #[derive(Debug, Default)]

@@ -28,6 +28,13 @@ use crate::{
     series::{KernelSeries, SharedTracked},
 };
 
+pub static RESCAN_INTERVAL: crate::config::Key = crate::config::Key::at_least(
+    "rescan_interval_secs",
+    10,
+    1,
+    "full /proc rescan, a safety net behind the fork/exec/exit events",
+);
+
 pub struct Discovery {
     classifier: Classifier,
     shared: SharedTracked,

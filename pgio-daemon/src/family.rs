@@ -118,6 +118,11 @@ pub trait Family: Sync {
     /// The room's name, the same in the three crates.
     fn name(&self) -> &'static str;
 
+    /// Its keys of pgio.toml, declared in its module (`settings` lists every key).
+    fn config_keys(&self) -> &'static [&'static crate::config::Key] {
+        &[]
+    }
+
     /// Its programs, in attach order.
     fn probes(&self) -> Vec<Probe>;
 

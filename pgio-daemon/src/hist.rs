@@ -31,6 +31,19 @@ use crate::{
     provisional::{Provisional, Route},
 };
 
+/// `hist_map_max_entries`: each family sizes its histogram map from it.
+pub fn entries(config: &crate::config::Config) -> u32 {
+    u32::try_from(config.count(&HIST_MAP_MAX_ENTRIES)).unwrap_or(1 << 20)
+}
+
+pub static HIST_MAP_MAX_ENTRIES: crate::config::Key = crate::config::Key::count(
+    "hist_map_max_entries",
+    65_536,
+    1024,
+    1 << 20,
+    "keys of the syscall histogram map (block: a sixteenth, relation: a quarter, query: a 64th), 24 bytes per possible CPU each; no uid may hold more than its share while others need keys",
+);
+
 /// A histogram map's key: the series it books, and the rest, which names the exported
 /// histograms its value adds to.
 pub trait HistKey: aya::Pod + Eq + std::hash::Hash + Send {

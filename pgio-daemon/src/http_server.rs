@@ -40,6 +40,30 @@ use conn::Conn;
 use conn_task::serve_connection;
 use registry::{Admission, Deregister, Registry};
 
+pub static LISTEN: crate::config::Key = crate::config::Key::addr(
+    "listen",
+    "[::]:9435",
+    "HTTP address of /metrics and /healthz; IPv4 and IPv6 (0.0.0.0 on a node without IPv6); `--listen` overrides it",
+);
+pub static HTTP_HEADER_TIMEOUT: crate::config::Key = crate::config::Key::at_least(
+    "http_header_timeout_secs",
+    10,
+    1,
+    "a connection whose request head has not arrived this long after it was accepted (or after a later request's first byte) is closed: slow-header clients cannot hold file descriptors",
+);
+pub static HTTP_IDLE_TIMEOUT: crate::config::Key = crate::config::Key::at_least(
+    "http_idle_timeout_secs",
+    90,
+    1,
+    "a keep-alive connection with no request this long is closed (longer than Prometheus' 1-minute default interval, so a scraper's connection is reused)",
+);
+pub static HTTP_MAX_CONNECTIONS: crate::config::Key = crate::config::Key::at_least(
+    "http_max_connections",
+    128,
+    1,
+    "open HTTP connections at most; past it the one waiting longest for a request is closed (pgio_http_connections_closed_total)",
+);
+
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub header_timeout: Duration,

@@ -49,6 +49,7 @@ pub mod role_wait;
 pub mod run;
 pub mod self_metrics;
 pub mod series;
+pub mod settings;
 pub mod syscall;
 pub mod top;
 pub mod tracefs;

@@ -29,6 +29,14 @@ use crate::{
     maps::take_map,
 };
 
+pub static MAX_POSTGRES_BINARIES: crate::config::Key = crate::config::Key::at_least(
+    "max_postgres_binaries",
+    64,
+    0,
+    "postgres binaries carrying pgio's uprobes at once (binaries not owned by root: three quarters of it); past it a binary is refused until another's processes are gone; 0 attaches none",
+);
+static CONFIG_KEYS: &[&crate::config::Key] = &[&MAX_POSTGRES_BINARIES];
+
 const RING_MAP: &str = "LIFECYCLE";
 
 /// The lifecycle family (`Family`): fork, exec, exit and PostgreSQL's titles, for discovery
@@ -36,6 +44,10 @@ const RING_MAP: &str = "LIFECYCLE";
 pub struct LifecycleFamily;
 
 impl Family for LifecycleFamily {
+    fn config_keys(&self) -> &'static [&'static crate::config::Key] {
+        CONFIG_KEYS
+    }
+
     fn name(&self) -> &'static str {
         "lifecycle"
     }

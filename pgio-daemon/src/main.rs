@@ -108,7 +108,7 @@ fn main() -> ExitCode {
                 .init();
             let config = match config
                 .as_deref()
-                .map(Config::load)
+                .map(pgio_daemon::settings::load)
                 .unwrap_or_else(|| Ok(Config::default()))
             {
                 Ok(c) => c,

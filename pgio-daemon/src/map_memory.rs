@@ -139,10 +139,8 @@ pub fn possible_cpus() -> Result<u32> {
 /// Estimated kernel memory of all maps with `config` and `cpus` possible CPUs, and the
 /// largest maps (name, bytes), largest first.
 pub fn estimate(config: &Config, cpus: u32) -> Result<(u64, Vec<(String, u64)>)> {
-    let on_that_node = Config {
-        possible_cpus: cpus,
-        ..config.clone()
-    };
+    let mut on_that_node = config.clone();
+    on_that_node.possible_cpus = cpus;
     let mut maps: Vec<(String, u64)> = shapes(&on_that_node)?
         .into_iter()
         .map(|(name, s)| (name, s.bytes(cpus)))

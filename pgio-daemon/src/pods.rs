@@ -20,6 +20,31 @@ use std::{
 
 use crate::lock;
 
+/// Where pod names come from; `None` when pod labels are off.
+pub fn from_config(config: &crate::config::Config) -> Option<Pods> {
+    config
+        .flag(&POD_LABELS)
+        .then(|| Pods::new(config.text(&POD_LOG_DIR), config.text(&CONTAINER_LOG_DIR)))
+}
+
+pub static POD_LABELS: crate::config::Key = crate::config::Key::flag(
+    "pod_labels",
+    true,
+    "namespace, pod and container labels from the process' cgroup and the kubelet's log directories",
+);
+pub static POD_LOG_DIR: crate::config::Key = crate::config::Key::path(
+    "pod_log_dir",
+    "/var/log/pods",
+    false,
+    "the kubelet's `<namespace>_<pod>_<uid>/<container>/` directories",
+);
+pub static CONTAINER_LOG_DIR: crate::config::Key = crate::config::Key::path(
+    "container_log_dir",
+    "/var/log/containers",
+    false,
+    "the kubelet's `<pod>_<namespace>_<container>-<id>.log` links (only their names are read)",
+);
+
 /// Where a process runs: its pod's UID and, when the path names it, its container's ID.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRef {

@@ -172,7 +172,7 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
     // maps' 49.5 MiB for the DaemonSet's 128 MiB limit to kill it while it attached.
     let mut offsets =
         kernel_offsets::from_btf(&KernelBtf::open()?).context("reading struct offsets from BTF")?;
-    if config.query_args_at_entry {
+    if config.flag(&crate::query::QUERY_ARGS_AT_ENTRY) {
         offsets.syscall_args_from_regs = 0;
     }
     let mut ebpf = load(&offsets, config, false)?;
@@ -203,7 +203,7 @@ pub fn load_and_attach(config: &Config) -> Result<Probes> {
             attached: result.is_ok(),
         });
     }
-    if config.queries {
+    if config.flag(&crate::query::QUERIES) {
         status.push(query_wait_status(&offsets, &status));
     }
     Ok(Probes {

@@ -24,6 +24,23 @@ use crate::{
     syscall::SCHED_SWITCH,
 };
 
+pub static QUERIES: crate::config::Key = crate::config::Key::flag(
+    "queries",
+    true,
+    "query time and IO share (pgio_query_seconds, …) from the client backends' recvfrom/sendto tracepoints: no uprobe, no extra capability",
+);
+pub static QUERY_PROBES: crate::config::Key = crate::config::Key::flag(
+    "query_probes",
+    false,
+    "with queries, on a kernel without sched_info only: a uprobe on PostgreSQL 18's pgaio_wref_wait counts io_method = worker waits as query IO time; uprobes need CAP_SYS_ADMIN on kernels ≥ 6.16 and patched stable ones",
+);
+pub static QUERY_ARGS_AT_ENTRY: crate::config::Key = crate::config::Key::flag(
+    "query_args_at_entry",
+    false,
+    "keep the socket calls' arguments at their entry even where their exits read them from the registers (the path of kernels < 5.15; for tests and comparisons), ~0.2 µs more per query",
+);
+static CONFIG_KEYS: &[&crate::config::Key] = &[&QUERIES, &QUERY_PROBES, &QUERY_ARGS_AT_ENTRY];
+
 pub static HIST: HistMapSpec = HistMapSpec {
     family: "query",
     map: "QUERY_HIST",
@@ -40,7 +57,7 @@ const WAIT_GLOBAL: &str = "QUERY_WAIT_ON";
 pub struct QueryFamily;
 
 fn queries(config: &Config) -> bool {
-    config.queries
+    config.flag(&QUERIES)
 }
 
 fn args_at_entry(kernel: &KernelOffsets) -> bool {
@@ -48,7 +65,7 @@ fn args_at_entry(kernel: &KernelOffsets) -> bool {
 }
 
 fn aio_probes(config: &Config) -> bool {
-    config.queries && config.query_probes
+    config.flag(&QUERIES) && config.flag(&QUERY_PROBES)
 }
 
 /// A kernel where `query_wait` cannot run (no `sched_info`): only there do the AIO uprobes
@@ -60,6 +77,10 @@ fn no_wait_events(kernel: &KernelOffsets) -> bool {
 }
 
 impl Family for QueryFamily {
+    fn config_keys(&self) -> &'static [&'static crate::config::Key] {
+        CONFIG_KEYS
+    }
+
     fn name(&self) -> &'static str {
         "query"
     }
@@ -129,8 +150,8 @@ impl Family for QueryFamily {
         Setup {
             map_sizes: vec![(HIST.map, entries(config))],
             globals: vec![
-                (ENABLED_GLOBAL, vec![u8::from(config.queries)]),
-                (WAIT_GLOBAL, vec![u8::from(config.queries)]),
+                (ENABLED_GLOBAL, vec![u8::from(config.flag(&QUERIES))]),
+                (WAIT_GLOBAL, vec![u8::from(config.flag(&QUERIES))]),
             ],
         }
     }
@@ -148,7 +169,7 @@ impl Family for QueryFamily {
 /// (1.5 KiB): a sixty-fourth of `hist_map_max_entries` (1,024 by default, 1.6 MiB), at least
 /// 1,024.
 fn entries(config: &Config) -> u32 {
-    (config.hist_map_entries() / 64).max(1024)
+    (crate::hist::entries(config) / 64).max(1024)
 }
 
 impl HistValue for QueryRow {

@@ -37,6 +37,20 @@ use crate::{
 };
 use places::{Counts, Group, Places, Qid};
 
+pub static QUERY_IDS: crate::config::Key = crate::config::Key::flag(
+    "query_ids",
+    true,
+    "with queries, each query booked again under its pg_stat_statements query id (pgio_query_id_seconds), ~0.3-0.45 µs per query",
+);
+pub static MAX_QUERY_IDS: crate::config::Key = crate::config::Key::count(
+    "max_query_ids",
+    20,
+    1,
+    1_000,
+    "query ids with series of their own per database, the ones with the most IO time over the last minute; the others: queryid=\"(rest)\"",
+);
+static CONFIG_KEYS: &[&crate::config::Key] = &[&QUERY_IDS, &MAX_QUERY_IDS];
+
 pub static HIST: HistMapSpec = HistMapSpec {
     family: "query_id",
     map: "QUERY_ID_HIST",
@@ -50,13 +64,13 @@ const EPOCH_MAP: &str = "QUERY_ID_EPOCH";
 pub struct QueryIdFamily;
 
 fn on(config: &Config) -> bool {
-    config.queries && config.max_query_ids > 0
+    config.flag(&crate::query::QUERIES) && config.flag(&QUERY_IDS)
 }
 
 /// Whether the postmasters' `IdSource`s are kept: also where `query_wait` reads a backend's
 /// wait event, so whenever queries are timed.
 fn sources_on(config: &Config) -> bool {
-    config.queries
+    config.flag(&crate::query::QUERIES)
 }
 
 /// Keys of `QUERY_ID_HIST`: the (series, id) pairs of one or two seconds (1 KiB each, 2 MiB
@@ -67,6 +81,10 @@ const HIST_ENTRIES: u32 = 2_048;
 const SOURCE_ENTRIES: u32 = 16_384;
 
 impl Family for QueryIdFamily {
+    fn config_keys(&self) -> &'static [&'static crate::config::Key] {
+        CONFIG_KEYS
+    }
+
     fn name(&self) -> &'static str {
         "query_id"
     }
@@ -115,7 +133,7 @@ impl Family for QueryIdFamily {
             epoch_map: Mutex::new(take_map(ebpf, EPOCH_MAP)?),
             max_entries: if on(config) { HIST_ENTRIES } else { 1 },
             state: Mutex::new(State {
-                places: Places::new(config.max_query_ids),
+                places: Places::new(config.size(&MAX_QUERY_IDS)),
                 epoch: 0,
             }),
             known: Mutex::default(),

@@ -47,6 +47,20 @@ pub use snapshot::{
 };
 use top::Top;
 
+pub static RELATIONS: crate::config::Key = crate::config::Key::flag(
+    "relations",
+    true,
+    "IO time per PostgreSQL relation (pgio_relation_io_seconds): openat/close tracepoints, ~0.25 µs per open + close on the node, +15 ns at a tracked read's exit, 9.3 MiB",
+);
+pub static MAX_RELATIONS: crate::config::Key = crate::config::Key::count(
+    "max_relations",
+    50,
+    1,
+    10_000,
+    "relations with series of their own per cluster, the ones with the most IO time over the last minute; the others: relation=\"(rest)\"",
+);
+static CONFIG_KEYS: &[&crate::config::Key] = &[&RELATIONS, &MAX_RELATIONS];
+
 pub static HIST: HistMapSpec = HistMapSpec {
     family: "relation",
     map: "RELATION_HIST",
@@ -65,10 +79,14 @@ const ENABLED_GLOBAL: &str = "RELATIONS_ON";
 pub struct RelationFamily;
 
 fn relations(config: &Config) -> bool {
-    config.relations
+    config.flag(&RELATIONS)
 }
 
 impl Family for RelationFamily {
+    fn config_keys(&self) -> &'static [&'static crate::config::Key] {
+        CONFIG_KEYS
+    }
+
     fn name(&self) -> &'static str {
         "relation"
     }
@@ -107,7 +125,7 @@ impl Family for RelationFamily {
     /// Off, its maps shrink to one entry each (nothing reaches them: the verifier prunes the
     /// lookup, and the openat programs are not attached).
     fn setup(&self, config: &Config) -> Setup {
-        let on = config.relations;
+        let on = config.flag(&RELATIONS);
         let size = |n: u32| if on { n } else { 1 };
         Setup {
             map_sizes: vec![
@@ -121,7 +139,7 @@ impl Family for RelationFamily {
     }
 
     fn take(&self, ebpf: &mut Ebpf, config: &Config) -> Result<Taken> {
-        let entries = if config.relations {
+        let entries = if config.flag(&RELATIONS) {
             hist_entries(config)
         } else {
             1
@@ -130,15 +148,19 @@ impl Family for RelationFamily {
         let rest = HistSource::<RelationKey>::take(
             ebpf,
             &REST_HIST,
-            if config.relations { REST_ENTRIES } else { 1 },
+            if config.flag(&RELATIONS) {
+                REST_ENTRIES
+            } else {
+                1
+            },
         )?;
         Ok(Taken {
             balanced: Some(hists.balanced()),
             source: Some(Box::new(RelationSource {
                 hists,
                 rest,
-                state: Arc::new(Mutex::new(RelationState::new(config.max_relations))),
-                slots: if config.relations {
+                state: Arc::new(Mutex::new(RelationState::new(config.size(&MAX_RELATIONS)))),
+                slots: if config.flag(&RELATIONS) {
                     Some(Mutex::new(Slots::take(ebpf)?))
                 } else {
                     None
@@ -151,7 +173,7 @@ impl Family for RelationFamily {
 
 /// A quarter of the other histogram maps' keys: a key here is a file, not a syscall.
 fn hist_entries(config: &Config) -> u32 {
-    (config.hist_map_entries() / 4).max(1024)
+    (crate::hist::entries(config) / 4).max(1024)
 }
 
 /// One relation histogram: a series' calls of one syscall on one file, by cache outcome.
@@ -204,7 +226,7 @@ impl RelationState {
 
 impl Default for RelationState {
     fn default() -> Self {
-        RelationState::new(Config::default().max_relations)
+        RelationState::new(Config::default().size(&MAX_RELATIONS))
     }
 }
 

@@ -12,12 +12,12 @@ use tracing::{error, info, warn};
 use crate::{
     bench_switch::{self, Attachments},
     check,
-    classifier::Classifier,
+    classifier::{Classifier, rules},
     collector::Collector,
     config::Config,
     device_info::DeviceInfo,
-    devices::Devices,
-    discovery::Discovery,
+    devices::{self, Devices},
+    discovery::{self, Discovery},
     families::FAMILIES,
     health::Health,
     http,
@@ -25,9 +25,9 @@ use crate::{
     key_quota::{KeyQuota, KeyQuotaSource},
     lifecycle,
     map_memory::{self, MapMemory},
-    privileges, probes,
-    self_metrics::SelfMetrics,
-    series::{KernelSeries, SharedTracked, Tracked},
+    pods, privileges, probes,
+    self_metrics::{self, SelfMetrics},
+    series::{self, KernelSeries, SharedTracked, Tracked},
     tracefs,
     tracked_processes::TrackedProcesses,
     web_config::{WebConfig, WebSelfMetrics},
@@ -116,7 +116,7 @@ pub fn start(
     bench_switch: bool,
 ) -> Result<Started> {
     require_privileges()?;
-    let listen = listen.unwrap_or(config.listen);
+    let listen = listen.unwrap_or(config.addr(&http_server::LISTEN));
     // Bind before loading anything: a port in use is the most common start failure.
     let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     listener
@@ -126,7 +126,7 @@ pub fn start(
         Ok((soft, hard)) => info!(
             soft,
             hard,
-            http_max_connections = config.http_max_connections,
+            http_max_connections = config.count(&http_server::HTTP_MAX_CONNECTIONS),
             "open files limit"
         ),
         Err(e) => warn!("cannot raise the open files limit: {e}"),
@@ -135,7 +135,7 @@ pub fn start(
     info!(tracefs = %tracefs.display(), "tracefs");
     raise_memlock();
 
-    let bpf_stats = if config.bpf_stats {
+    let bpf_stats = if config.flag(&self_metrics::BPF_STATS) {
         Some(
             aya::sys::enable_stats(aya::sys::Stats::RunTime)
                 .context("enabling BPF run-time stats")?,
@@ -161,10 +161,11 @@ pub fn start(
     let ring = lifecycle::take_ring(&mut ebpf)?;
     let health = Arc::new(Health::new(&ebpf, probes::DROPS_MAP).context("health probe")?);
     let http_stats = Arc::new(HttpStats::default());
-    let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(config.series_limits())));
+    let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(series::limits(&config))));
     // Families are encoded in this order (device info last: it lists the devices the others
     // saw).
-    let mut collector = Collector::new(shared.clone(), Devices::new(config.longhorn_device_dir()));
+    let mut collector =
+        Collector::new(shared.clone(), Devices::new(devices::longhorn_dir(&config)));
     let mut balanced = Vec::new();
     for family in FAMILIES {
         let taken = family
@@ -196,34 +197,36 @@ pub fn start(
     }
     let collector = Arc::new(collector);
 
-    if let Some(pods) = config.pods() {
+    let pod_log_dir = config.text(&pods::POD_LOG_DIR);
+    let container_log_dir = config.text(&pods::CONTAINER_LOG_DIR);
+    if let Some(pods) = pods::from_config(&config) {
         match pods.known() {
-            Ok(n) => info!(pods = n, dir = %config.pod_log_dir, "pod labels on"),
+            Ok(n) => info!(pods = n, dir = %pod_log_dir, "pod labels on"),
             // Not a Kubernetes node (or the directory is not mounted): nothing to name.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => info!(
-                dir = %config.pod_log_dir,
+                dir = %pod_log_dir,
                 "no kubelet pod directory: no pod labels (in a pod, mount the kubelet's {} and {})",
-                config.pod_log_dir, config.container_log_dir
+                pod_log_dir, container_log_dir
             ),
             Err(e) => warn!(
                 "pod labels on, but {}: {e}: no pod will be named (mount the kubelet's {} and {} read-only, or set pod_labels = false)",
-                config.pod_log_dir, config.pod_log_dir, config.container_log_dir
+                pod_log_dir, pod_log_dir, container_log_dir
             ),
         }
     }
     // Discovery attaches the title uretprobe to postgres binaries as it finds them.
     let ebpf = Arc::new(Mutex::new(ebpf));
     let mut discovery = Discovery::new(
-        Classifier::new(config.compiled_rules(), config.pods()),
+        Classifier::new(rules::compile(&config.rules), pods::from_config(&config)),
         shared,
         kernel_series,
         Some(lifecycle::PostgresProbes::new(
             ebpf.clone(),
             probes::per_binary(&config),
-            config.max_postgres_binaries,
+            config.size(&lifecycle::MAX_POSTGRES_BINARIES),
             postgres_probe_stats,
         )),
-        config.series_retention(),
+        config.secs(&series::SERIES_RETENTION),
     );
     // Nothing was tracked before: no process can be missing.
     let _gone = discovery.scan_all()?;
@@ -277,7 +280,7 @@ pub async fn serve(started: Started) -> Result<()> {
     // Its own thread: a rescan of thousands of processes runs for a while without yielding,
     // and on a runtime worker it would hold back the scrapes queued on that worker.
     let (discovery_done, discovery_task) = tokio::sync::oneshot::channel();
-    let rescan_every = config.rescan_interval();
+    let rescan_every = config.secs(&discovery::RESCAN_INTERVAL);
     std::thread::Builder::new()
         .name("discovery".into())
         .spawn(move || {
@@ -293,9 +296,9 @@ pub async fn serve(started: Started) -> Result<()> {
     // The bound address: with port 0 the kernel picked one.
     let bound = listener.local_addr().context("listening socket")?;
     let limits = http_server::Limits {
-        header_timeout: config.http_header_timeout(),
-        idle_timeout: config.http_idle_timeout(),
-        max_connections: config.http_max_connections,
+        header_timeout: config.secs(&http_server::HTTP_HEADER_TIMEOUT),
+        idle_timeout: config.secs(&http_server::HTTP_IDLE_TIMEOUT),
+        max_connections: config.size(&http_server::HTTP_MAX_CONNECTIONS),
     };
     info!(
         listen = %bound,

@@ -23,6 +23,12 @@ use crate::{
     provisional::Provisional,
 };
 
+pub static BPF_STATS: crate::config::Key = crate::config::Key::flag(
+    "bpf_stats",
+    false,
+    "kernel.bpf_stats_enabled while pgio runs: per-program run time (pgio_program_run_seconds_total), ~20 ns per program run; a container cannot set it",
+);
+
 /// Run time, runs and recursion misses of one program (`/proc/self/fdinfo/<fd>`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProgramStats {

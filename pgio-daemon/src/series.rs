@@ -34,6 +34,41 @@ use crate::{
     provisional::Provisional,
 };
 
+/// The caps of the config's keys.
+pub fn limits(config: &crate::config::Config) -> Limits {
+    Limits {
+        total: config.size(&MAX_SERIES),
+        per_app: config.size(&MAX_SERIES_PER_APP),
+        per_group: config.size(&MAX_SERIES_PER_GROUP),
+        label_len: config.size(&MAX_LABEL_LEN),
+    }
+}
+
+pub static SERIES_RETENTION: crate::config::Key = crate::config::Key::at_least(
+    "series_retention_secs",
+    300,
+    1,
+    "a series whose processes are all gone is exported this long, then dropped and its id reused",
+)
+.alias(&["pod_series_retention_secs"]);
+pub static MAX_SERIES: crate::config::Key = crate::config::Key::count(
+    "max_series",
+    4096,
+    1,
+    pgio_common::CHILD_SERIES_MAX as u64 - 1024,
+    "label sets in total; past a cap, new label sets go to their app's role=\"overflow\" series",
+);
+pub static MAX_SERIES_PER_APP: crate::config::Key =
+    crate::config::Key::at_least("max_series_per_app", 2048, 1, "label sets per app");
+pub static MAX_SERIES_PER_GROUP: crate::config::Key = crate::config::Key::at_least(
+    "max_series_per_group",
+    256,
+    1,
+    "label sets per group: one cluster, volume or pod",
+);
+pub static MAX_LABEL_LEN: crate::config::Key =
+    crate::config::Key::count("max_label_len", 128, 16, 4096, "bytes of a label value");
+
 /// Caps on label sets (config `max_series`, `max_series_per_app`, `max_series_per_group`,
 /// `max_label_len`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

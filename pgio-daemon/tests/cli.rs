@@ -41,10 +41,7 @@ fn invalid_config_names_file_line_and_field() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains(&format!(
-            "{}:2: unknown field `listen_addr`",
-            path.display()
-        )),
+        stderr.contains(&format!("{}:2: unknown key `listen_addr`", path.display())),
         "{stderr}"
     );
 }

@@ -48,6 +48,7 @@ pub use prometheus::{PromSample, Prometheus, prometheus_bin};
 pub use promtool::{check_metrics, promtool};
 /// For tests that read JSON (Grafana dashboards) without depending on it themselves.
 pub use serde_json;
+pub use serde_yaml_ng;
 pub use tempfile::TempDir;
 
 /// Env var that turns "skip without root" into a test failure (for CI running as root).

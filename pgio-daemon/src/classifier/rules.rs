@@ -4,6 +4,22 @@ use regex::Regex;
 use super::ProcessInfo;
 use crate::labels::Labels;
 
+/// The config's rules, compiled (their regexes were checked when the file was read).
+pub fn compile(rules: &[crate::config::RuleConfig]) -> Vec<Rule> {
+    let re =
+        |s: &Option<toml::Spanned<String>>| s.as_ref().and_then(|s| Regex::new(s.get_ref()).ok());
+    rules
+        .iter()
+        .map(|r| Rule {
+            app: r.app.get_ref().clone(),
+            role: r.role.clone(),
+            comm: re(&r.comm),
+            exe: re(&r.exe),
+            cmdline: re(&r.cmdline),
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 pub struct Rule {
     pub app: String,

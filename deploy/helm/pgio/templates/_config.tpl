@@ -17,17 +17,19 @@ max_series_per_app = {{ int $c.max_series_per_app }}
 max_series_per_group = {{ int $c.max_series_per_group }}
 max_label_len = {{ int $c.max_label_len }}
 hist_map_max_entries = {{ int $c.hist_map_max_entries }}
-syscall_rows = {{ $c.syscall_rows }}
-max_postgres_binaries = {{ int $c.max_postgres_binaries }}
 http_header_timeout_secs = {{ int $c.http_header_timeout_secs }}
 http_idle_timeout_secs = {{ int $c.http_idle_timeout_secs }}
 http_max_connections = {{ int $c.http_max_connections }}
 block_inflight_timeout_secs = {{ int $c.block_inflight_timeout_secs }}
+syscall_rows = {{ $c.syscall_rows }}
 queries = {{ $c.queries }}
 query_probes = {{ $c.query_probes }}
+query_args_at_entry = {{ $c.query_args_at_entry }}
+query_ids = {{ $c.query_ids }}
+max_query_ids = {{ int $c.max_query_ids }}
 relations = {{ $c.relations }}
 max_relations = {{ int $c.max_relations }}
-max_query_ids = {{ int $c.max_query_ids }}
+max_postgres_binaries = {{ int $c.max_postgres_binaries }}
 {{- range $rule := $c.rules }}
 
 [[rule]]
