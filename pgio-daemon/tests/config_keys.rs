@@ -40,6 +40,15 @@ fn default_json(key: &Key) -> Value {
     }
 }
 
+/// Every name in `names` (but `rules`) is a declared key.
+fn assert_all_declared<'a>(names: impl Iterator<Item = &'a String>, what: &str) {
+    let declared: BTreeSet<&str> = chart_keys().iter().map(|k| k.name).collect();
+    let extra: Vec<&String> = names
+        .filter(|k| *k != "rules" && !declared.contains(k.as_str()))
+        .collect();
+    assert!(extra.is_empty(), "{what} has undeclared keys {extra:?}");
+}
+
 /// `text` with the part between `begin` and `end` replaced by `generated`, or a failure
 /// naming the file when it differs (rewritten instead with `PGIO_BLESS=1`).
 fn generated_part(rel: &str, begin: &str, end: &str, generated: &str) {
@@ -128,15 +137,7 @@ fn chart_values_hold_every_key_at_its_default() {
             key.name
         );
     }
-    let declared: BTreeSet<&str> = chart_keys().iter().map(|k| k.name).collect();
-    let extra: Vec<&String> = config
-        .keys()
-        .filter(|k| *k != "rules" && !declared.contains(k.as_str()))
-        .collect();
-    assert!(
-        extra.is_empty(),
-        "values.yaml config has undeclared keys {extra:?}"
-    );
+    assert_all_declared(config.keys(), "values.yaml's config");
 }
 
 #[test]
@@ -180,15 +181,7 @@ fn chart_schema_types_and_bounds_are_the_declarations() {
             "{name}.pattern"
         );
     }
-    let declared: BTreeSet<&str> = chart_keys().iter().map(|k| k.name).collect();
-    let extra: Vec<&String> = props
-        .keys()
-        .filter(|k| *k != "rules" && !declared.contains(k.as_str()))
-        .collect();
-    assert!(
-        extra.is_empty(),
-        "the schema has undeclared config keys {extra:?}"
-    );
+    assert_all_declared(props.keys(), "the schema's config");
 }
 
 #[test]
