@@ -39,6 +39,7 @@ use crate::util::{describe, fmt_duration, output, run, step, target_dir};
 
 mod cases;
 mod psa;
+mod rules;
 
 /// A Go program installed with `go install <package>@<version>`.
 struct GoTool {
@@ -448,8 +449,9 @@ fn localize_refs(v: &mut Value) {
     }
 }
 
-/// A schema for the PodMonitor (a Prometheus Operator CRD, not in kubernetes-validate): only
-/// the fields the chart and the component use, every level closed, so a misspelt field fails.
+/// Schemas for the PodMonitor and the PrometheusRule (Prometheus Operator CRDs, not in
+/// kubernetes-validate): only the fields the chart and the components use, every level closed,
+/// so a misspelt field fails.
 fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
     let dir = out.join("crd-schemas");
     make_dir(&dir)?;
@@ -527,6 +529,7 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
     let file = dir.join("podmonitor-monitoring-v1.json");
     fs::write(&file, serde_json::to_vec_pretty(&schema)?)
         .with_context(|| format!("writing {}", file.display()))?;
+    rules::write_schema(&dir)?;
     Ok(dir)
 }
 
@@ -1173,6 +1176,12 @@ fn view(r: &Render) -> Result<Value> {
             "automountServiceAccountToken": only(r, "ServiceAccount")?["automountServiceAccountToken"],
         },
         "PodMonitor.podMetricsEndpoints": pod_monitors,
+        "PrometheusRule.groups": r
+            .docs
+            .iter()
+            .filter(|d| d["kind"] == "PrometheusRule")
+            .map(|d| d["spec"]["groups"].clone())
+            .collect::<Vec<_>>(),
         "NetworkPolicy": r
             .docs
             .iter()

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::{
     APPARMOR_FIELD_MINOR, HELM_WEB, NAMESPACE, NEWEST_MINOR, OLDEST_MINOR, Paths, Render, agree,
     helm_cmd, helm_template, invariants, kube_version, kubeconform_check, kustomize, labels_match,
-    only, write_overlay,
+    only, rules, write_overlay,
 };
 use crate::util::{describe, step};
 
@@ -220,6 +220,8 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
         &[
             "networkPolicy.enabled=true",
             "tracefsHostPath=/sys/kernel/debug/tracing",
+            "prometheusRule.enabled=true",
+            "prometheusRule.labels.release=prometheus",
         ],
         &[],
         "helm-extras",
@@ -227,9 +229,12 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
     let overlay = write_overlay(
         p,
         "kustomize-extras-overlay",
-        &["network-policy", "tracefs-debugfs"],
+        &["network-policy", "tracefs-debugfs", "prometheusrule"],
     )?;
     let kust = kustomize(t.kubectl, p, &overlay, "kustomize-extras")?;
+    let groups = rules::mixin_groups(p)?;
+    rules::check_render(&helm, &groups, &[("release", "prometheus")])?;
+    rules::check_render(&kust, &groups, &[])?;
     for r in [&helm, &kust] {
         t.kubeconform(newest, r)?;
         invariants(r, version).with_context(|| format!("{} ({})", r.what, r.file.display()))?;
