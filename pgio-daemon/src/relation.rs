@@ -10,6 +10,7 @@ pub mod book;
 pub mod merge;
 pub mod names;
 pub mod open_files;
+mod served;
 pub mod slots;
 pub mod snapshot;
 pub mod top;

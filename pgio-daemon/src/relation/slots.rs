@@ -3,10 +3,11 @@
 //! counts live in the slot until an `openat` takes the slot for another file and folds them
 //! into `RELATION_HIST`; so a scrape reads the hash map and the slots as one view, and reads
 //! again when a fold ran meanwhile (it would have seen the moved counts twice, or not at all,
-//! and the exported counters would step back at the next scrape). When folds keep coming for
-//! every try (an `openat` storm on slots with counts), the scrape serves the last consistent
-//! view instead, less the series freed since: stale for a scrape, never smaller than what was
-//! shown (`pgio_inconsistent_reads_total` counts those scrapes).
+//! and the exported counters would step back at the next scrape). A consistent view is then
+//! served never below what was shown (`served`). When folds keep coming for every try (an
+//! `openat` storm on slots with counts), the scrape serves what it showed last instead, less
+//! the series freed since: stale for a scrape, never smaller
+//! (`pgio_inconsistent_reads_total` counts those scrapes).
 use std::{collections::BTreeMap, thread, time::Duration};
 
 use anyhow::{Context, Result, bail};
@@ -22,7 +23,7 @@ use pgio_common::{
 };
 use tracing::warn;
 
-use super::RelationId;
+use super::{RelationId, served};
 use crate::{
     hist::Hists,
     maps::{MappedValues, take_map},
@@ -40,9 +41,9 @@ pub struct Slots {
     view: MappedValues,
     entries: u32,
     folds: Array<MapData, u64>,
-    /// The last view read with no fold meanwhile, and the generation of each of its series
-    /// then (a series freed since is left out when it is served again).
-    last_consistent: Hists<RelationId>,
+    /// What the last scrape served, and the generation of each of its series then (a series
+    /// freed since is left out of it).
+    shown: Hists<RelationId>,
     generations: BTreeMap<SeriesId, u32>,
     /// Scrapes that got `last_consistent` because folds kept coming.
     pub inconsistent_reads: u64,
@@ -72,7 +73,7 @@ impl Slots {
             view,
             entries,
             folds: take_map(ebpf, "RELATION_FOLDS")?,
-            last_consistent: Hists::new(),
+            shown: Hists::new(),
             generations: BTreeMap::new(),
             inconsistent_reads: 0,
         })
@@ -92,7 +93,8 @@ impl Slots {
     }
 
     /// `read_map()` (the hash maps' histograms) plus the slots' rows, with no fold between
-    /// the first read and the last; else the last such view (see the module doc).
+    /// the first read and the last, served never below what was shown; else what was shown
+    /// (see the module doc).
     pub fn read_with(
         &mut self,
         routes: &Provisional,
@@ -110,11 +112,13 @@ impl Slots {
             let mut view = read_map();
             self.add_rows(routes, &mut view);
             if self.folds(FOLDS_STARTED) == started {
+                self.forget_freed(routes);
+                let view = served::at_least_shown(view, &self.shown);
                 self.generations = view
                     .keys()
                     .map(|id| (id.series, routes.generation(id.series)))
                     .collect();
-                self.last_consistent = view.clone();
+                self.shown = view.clone();
                 return view;
             }
         }
@@ -122,19 +126,21 @@ impl Slots {
         if self.inconsistent_reads == 1 {
             warn!(
                 tries = TRIES,
-                "relation rows: fd slots kept being taken while read; serving the last \
-                 consistent view (pgio_inconsistent_reads_total counts each such scrape)"
+                "relation rows: fd slots kept being taken while read; serving what \
+                 was shown last (pgio_inconsistent_reads_total counts each such scrape)"
             );
         }
+        self.forget_freed(routes);
+        self.shown.clone()
+    }
+
+    /// Leaves out of what was shown the series freed since (or freed and given out again).
+    fn forget_freed(&mut self, routes: &Provisional) {
         let generations = &self.generations;
-        self.last_consistent
-            .iter()
-            .filter(|(id, _)| {
-                generations.get(&id.series) == Some(&routes.generation(id.series))
-                    && !routes.retired.contains(&id.series)
-            })
-            .map(|(id, h)| (*id, h.clone()))
-            .collect()
+        self.shown.retain(|id, _| {
+            generations.get(&id.series) == Some(&routes.generation(id.series))
+                && !routes.retired.contains(&id.series)
+        });
     }
 
     /// Adds the rows of live series to `out`, under their slot's file.
