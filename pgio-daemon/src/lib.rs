@@ -36,6 +36,7 @@ pub mod map_memory;
 pub mod maps;
 pub mod native;
 pub mod pg_files;
+pub mod places;
 pub mod pods;
 pub mod privileges;
 pub mod probes;

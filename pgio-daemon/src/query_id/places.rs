@@ -1,7 +1,6 @@
-//! Which query ids get series of their own: per (cluster, database), the `max` ids with the
-//! most IO time over the last [`INTERVAL`]; until the places are taken, any id that shows up.
-//! The other ids' queries are booked together as `queryid="(rest)"` of their series. A user
-//! running 100,000 distinct statements moves the places around, never their number.
+//! Which query ids get series of their own: per (cluster, database), the `max` ids that
+//! `places` ranks first by IO time (until the places are taken, any id that shows up). The
+//! other ids' queries are booked together as `queryid="(rest)"` of their series.
 //!
 //! Counts arrive as deltas (the kernel rows of one epoch), so every exported counter is
 //! monotonic: an id's own series starts from zero when it first gets its place (what it
@@ -10,16 +9,13 @@
 //! place back within the next interval goes on from what its series showed (from 0 it would
 //! read as a counter reset); from then on that amount is in both.
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    time::{Duration, Instant},
+    collections::{BTreeMap, HashMap},
+    time::Instant,
 };
 
 use pgio_common::{SeriesId, query_wait::PARTS};
 
-use crate::hist::Log2Hist;
-
-/// How often places are handed out again by IO time.
-pub const INTERVAL: Duration = Duration::from_secs(60);
+use crate::{hist::Log2Hist, places::Ranking};
 
 /// Ids ranked per interval on the whole node; past it, a new id goes to `(rest)` until the
 /// next ranking (a flood of one-off statements costs bounded memory).
@@ -79,11 +75,7 @@ pub type Group = (String, String);
 #[derive(Debug)]
 pub struct Places {
     max: usize,
-    members: HashMap<Group, HashSet<u64>>,
-    /// IO time (ns) per id in this interval.
-    recent: HashMap<Group, HashMap<u64, u64>>,
-    candidates: usize,
-    ranked_at: Option<Instant>,
+    ranking: Ranking<Group, u64>,
     /// What is exported: cumulative since each key began.
     pub exported: BTreeMap<(SeriesId, Qid), Counts>,
     /// What the series of ids that lost their place showed, and the ranking they lost it in
@@ -97,10 +89,7 @@ impl Places {
     pub fn new(max: usize) -> Places {
         Places {
             max,
-            members: HashMap::new(),
-            recent: HashMap::new(),
-            candidates: 0,
-            ranked_at: None,
+            ranking: Ranking::new(max, MAX_CANDIDATES),
             exported: BTreeMap::new(),
             ended: HashMap::new(),
             rankings: 0,
@@ -109,10 +98,16 @@ impl Places {
 
     /// Books one delta of `series` (in `group`) under `qid` at `now`.
     pub fn book(&mut self, now: Instant, series: SeriesId, group: &Group, qid: Qid, d: &Counts) {
-        self.rerank_if_due(now);
+        if self.ranking.rerank_if_due(now) {
+            // Ids that lost their place in the ranking before the last may not go on.
+            self.rankings += 1;
+            let rankings = self.rankings;
+            self.ended.retain(|_, (_, at)| *at + 1 >= rankings);
+        }
         let key = match qid {
             Qid::Id(id) => {
-                if self.max > 0 && self.admit(group, id, d.io.sum_ns) {
+                self.ranking.add(group, &id, d.io.sum_ns);
+                if self.max > 0 && self.ranking.admit(group, &id) {
                     Qid::Id(id)
                 } else {
                     Qid::Rest
@@ -133,72 +128,17 @@ impl Places {
             .merge(d);
     }
 
-    /// Whether `id` has a place in `group` (taking a free one), after counting its IO time.
-    fn admit(&mut self, group: &Group, id: u64, io_ns: u64) -> bool {
-        let recent = self.recent.entry(group.clone()).or_default();
-        match recent.get_mut(&id) {
-            Some(ns) => *ns = ns.saturating_add(io_ns),
-            None if self.candidates < MAX_CANDIDATES => {
-                recent.insert(id, io_ns);
-                self.candidates += 1;
-            }
-            None => {}
-        }
-        let members = self.members.entry(group.clone()).or_default();
-        if members.contains(&id) {
-            return true;
-        }
-        if members.len() < self.max {
-            members.insert(id);
-            return true;
-        }
-        false
-    }
-
-    /// Once an interval is over, the places go to the ids with the most IO time in it (members
-    /// first on a tie); those that lose theirs end their series.
-    fn rerank_if_due(&mut self, now: Instant) {
-        let due = self
-            .ranked_at
-            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL);
-        if !due {
-            return;
-        }
-        self.ranked_at = Some(now);
-        self.rankings += 1;
-        let rankings = self.rankings;
-        self.ended.retain(|_, (_, at)| *at + 1 >= rankings);
-        let recent = std::mem::take(&mut self.recent);
-        self.candidates = 0;
-        let mut members: HashMap<Group, HashSet<u64>> = HashMap::new();
-        for (group, ids) in recent {
-            let old = self.members.get(&group);
-            let mut ids: Vec<(u64, u64)> = ids.into_iter().collect();
-            let member = |id: &u64| old.is_some_and(|m| m.contains(id));
-            ids.sort_by(|a, b| {
-                b.1.cmp(&a.1)
-                    .then(member(&b.0).cmp(&member(&a.0)))
-                    .then(a.0.cmp(&b.0))
-            });
-            members.insert(
-                group,
-                ids.into_iter().take(self.max).map(|(id, _)| id).collect(),
-            );
-        }
-        self.members = members;
-    }
-
     /// Ends the series of ids without a place (after a ranking), moving what they showed into
     /// their series' `(rest)` (the sum over ids stays the total), and of series gone.
     pub fn retain(&mut self, group_of: impl Fn(SeriesId) -> Option<Group>) {
-        let members = &self.members;
+        let ranking = &self.ranking;
         let mut moved: Vec<(SeriesId, u64, Counts)> = Vec::new();
         self.exported.retain(|(series, qid), counts| {
             let Some(group) = group_of(*series) else {
                 return false;
             };
             match qid {
-                Qid::Id(id) if !members.get(&group).is_some_and(|m| m.contains(id)) => {
+                Qid::Id(id) if !ranking.holds(&group, id) => {
                     moved.push((*series, *id, std::mem::take(counts)));
                     false
                 }
@@ -218,24 +158,14 @@ impl Places {
 
     /// Ids of each group that had IO in this interval but no place.
     pub fn in_rest(&self) -> BTreeMap<Group, usize> {
-        self.recent
-            .iter()
-            .map(|(g, ids)| {
-                let members = self.members.get(g);
-                let n = ids
-                    .keys()
-                    .filter(|id| !members.is_some_and(|m| m.contains(id)))
-                    .count();
-                (g.clone(), n)
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect()
+        self.ranking.in_rest()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::places::INTERVAL;
 
     fn counts(queries: u64, io_ns: u64) -> Counts {
         let mut c = Counts::default();
@@ -309,10 +239,7 @@ mod tests {
             p.book(t0, SeriesId(1), &g, Qid::Id(id), &counts(1, 1));
         }
         assert_eq!(p.exported.len(), 21, "20 places and (rest)");
-        assert_eq!(
-            p.recent.values().map(HashMap::len).sum::<usize>(),
-            MAX_CANDIDATES
-        );
+        assert_eq!(p.ranking.candidates(), MAX_CANDIDATES);
         assert_eq!(queries(&p, Qid::Rest), Some(MAX_CANDIDATES as u64 * 3 - 20));
     }
 }

@@ -1,7 +1,6 @@
-//! Which relations get series of their own: per cluster, the `max_relations` with the most IO
-//! time over the last [`INTERVAL`] (until the places are taken, any relation that shows up);
-//! the others are booked together as `relation="(rest)"` of their database. A hostile user
-//! with 100,000 tables moves the places around, never their number.
+//! Which relations get series of their own: per cluster, the `max_relations` that `places`
+//! ranks first by IO time; the others are booked together as `relation="(rest)"` of their
+//! database.
 //!
 //! Counters stay monotonic across moves, and the sum over a database's relation series stays
 //! the total: `(rest)` counts a relation's calls only while it has no place, and keeps them
@@ -12,15 +11,12 @@
 //! series starts again from 0 (after at least one scrape without it: a new series).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use pgio_common::SeriesId;
 
-use crate::hist::Log2Hist;
-
-/// How often places are handed out again by IO time.
-pub const INTERVAL: Duration = Duration::from_secs(60);
+use crate::{hist::Log2Hist, places::Ranking};
 
 /// A relation as it is ranked and exported within its cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,10 +69,10 @@ struct Booked {
 #[derive(Debug)]
 pub struct Top<Id> {
     max: usize,
-    members: HashSet<Rank>,
-    ranked_at: Option<Instant>,
-    /// IO time (ns) per relation at the last ranking.
-    ranked_totals: HashMap<Rank, u64>,
+    /// Places per cluster.
+    ranking: Ranking<String, Rank>,
+    /// IO time (ns) per relation at the last scrape (a scrape's items are cumulative).
+    last_totals: HashMap<Rank, u64>,
     booked: BTreeMap<Id, Booked>,
     /// What relations booked into `(rest)` before they got places of their own.
     frozen: BTreeMap<Exported, Log2Hist>,
@@ -88,9 +84,9 @@ impl<Id: Clone + Ord> Top<Id> {
     pub fn new(max: usize) -> Top<Id> {
         Top {
             max,
-            members: HashSet::new(),
-            ranked_at: None,
-            ranked_totals: HashMap::new(),
+            // Relations are bounded by the kernel's keys: no cap of candidates.
+            ranking: Ranking::new(max, usize::MAX),
+            last_totals: HashMap::new(),
             booked: BTreeMap::new(),
             frozen: BTreeMap::new(),
             kept: HashMap::new(),
@@ -107,7 +103,7 @@ impl<Id: Clone + Ord> Top<Id> {
     pub fn in_rest(&self, items: &[Item<Id>]) -> BTreeMap<String, usize> {
         let mut rest: HashMap<&str, HashSet<&Rank>> = HashMap::new();
         for i in items {
-            if !i.rank.fixed && !self.members.contains(&i.rank) {
+            if !i.rank.fixed && !self.holds(&i.rank) {
                 rest.entry(&i.rank.cluster).or_default().insert(&i.rank);
             }
         }
@@ -121,7 +117,7 @@ impl<Id: Clone + Ord> Top<Id> {
         self.place(now, items);
         let mut out: BTreeMap<Exported, Log2Hist> = BTreeMap::new();
         for i in items {
-            let own = i.rank.fixed || self.members.contains(&i.rank);
+            let own = i.rank.fixed || self.holds(&i.rank);
             let rest = rest_of(i);
             let b = self.booked.entry(i.id.clone()).or_insert(Booked {
                 own,
@@ -211,65 +207,24 @@ impl<Id: Clone + Ord> Top<Id> {
         self.kept.retain(|r, _| !released.contains(r));
     }
 
-    /// Hands out the places: once an interval is over, again, to the relations with the most
-    /// IO time in it; in between, a relation takes a free place, or the place of the member
-    /// with the least IO time since the last ranking if it had more. A relation busy in this
-    /// interval keeps its place until the next ranking, and `(rest)` holds what more than
-    /// `max` relations did at once.
+    fn holds(&self, rank: &Rank) -> bool {
+        self.ranking.holds(&rank.cluster, rank)
+    }
+
+    /// Counts each relation's IO time since the last scrape and hands out the places
+    /// (`places`): fixed relations never take one.
     fn place(&mut self, now: Instant, items: &[Item<Id>]) {
         let mut totals: HashMap<Rank, u64> = HashMap::new();
         for i in items.iter().filter(|i| !i.rank.fixed) {
             *totals.entry(i.rank.clone()).or_default() += i.hist.sum_ns;
         }
-        self.members.retain(|r| totals.contains_key(r));
-        let rerank = self
-            .ranked_at
-            .is_none_or(|at| now.saturating_duration_since(at) >= INTERVAL);
-        let ranked = &self.ranked_totals;
-        let recent = |r: &Rank| totals[r].saturating_sub(ranked.get(r).copied().unwrap_or(0));
-        let mut by_cluster: BTreeMap<&str, Vec<&Rank>> = BTreeMap::new();
-        for r in totals.keys() {
-            by_cluster.entry(&r.cluster).or_default().push(r);
+        self.ranking.retain(|_, r| totals.contains_key(r));
+        for (r, ns) in &totals {
+            let last = self.last_totals.get(r).copied().unwrap_or(0);
+            self.ranking.add(&r.cluster, r, ns.saturating_sub(last));
         }
-        let mut members = HashSet::new();
-        for ranks in by_cluster.values() {
-            // Most recent IO time first, members before others on a tie (no churn among idle
-            // relations), then by name for a stable order.
-            let mut ranks = ranks.clone();
-            ranks.sort_by(|a, b| {
-                recent(b)
-                    .cmp(&recent(a))
-                    .then(self.members.contains(*b).cmp(&self.members.contains(*a)))
-                    .then(a.cmp(b))
-            });
-            if rerank {
-                members.extend(ranks.into_iter().take(self.max).cloned());
-                continue;
-            }
-            let (mut kept, others): (Vec<&Rank>, Vec<&Rank>) =
-                ranks.into_iter().partition(|r| self.members.contains(*r));
-            // `kept` stays busiest first, so its weakest is last.
-            for r in others.into_iter().filter(|r| recent(r) > 0) {
-                if kept.len() >= self.max {
-                    if kept
-                        .last()
-                        .is_some_and(|weakest| recent(weakest) < recent(r))
-                    {
-                        kept.pop();
-                    } else {
-                        break;
-                    }
-                }
-                let at = kept.partition_point(|k| recent(k) >= recent(r));
-                kept.insert(at, r);
-            }
-            members.extend(kept.into_iter().cloned());
-        }
-        self.members = members;
-        if rerank {
-            self.ranked_totals = totals;
-            self.ranked_at = Some(now);
-        }
+        self.last_totals = totals;
+        self.ranking.place(now);
     }
 }
 
@@ -309,6 +264,8 @@ fn minus(h: &Log2Hist, base: &Log2Hist) -> Log2Hist {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::places::INTERVAL;
+    use std::time::Duration;
 
     fn rank(relation: &str) -> Rank {
         Rank {
