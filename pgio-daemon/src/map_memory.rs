@@ -172,6 +172,20 @@ pub fn describe(total: u64, maps: &[(String, u64)], cpus: u32) -> String {
 /// cgroup v2, `limit_in_bytes` − `usage_in_bytes` on v1), with the file that sets the limit;
 /// `None` without a limit.
 pub fn cgroup_headroom() -> Option<(u64, PathBuf)> {
+    cgroup_memory().map(|m| (m.limit.saturating_sub(m.usage), m.limit_file))
+}
+
+/// The memory cgroup's limit and what it holds now (kernels ≥ 5.11 charge pgio's maps to it,
+/// besides its RSS and page cache).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupMemory {
+    pub limit: u64,
+    pub usage: u64,
+    pub limit_file: PathBuf,
+}
+
+/// The limit and usage of this process' memory cgroup; `None` without a limit.
+pub fn cgroup_memory() -> Option<CgroupMemory> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -199,13 +213,17 @@ pub fn cgroup_headroom() -> Option<(u64, PathBuf)> {
     None
 }
 
-fn headroom(dir: &Path, limit_file: &str, usage_file: &str) -> Option<(u64, PathBuf)> {
+fn headroom(dir: &Path, limit_file: &str, usage_file: &str) -> Option<CgroupMemory> {
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
     let limit = read(limit_file)?;
     // "max" (v2), or v1's page-rounded i64::MAX: no limit.
     let limit: u64 = limit.trim().parse().ok().filter(|l| *l < 1 << 60)?;
     let usage: u64 = read(usage_file)?.trim().parse().ok()?;
-    Some((limit.saturating_sub(usage), dir.join(limit_file)))
+    Some(CgroupMemory {
+        limit,
+        usage,
+        limit_file: dir.join(limit_file),
+    })
 }
 
 /// Fails when the maps cannot fit what the memory cgroup has left (kernels ≥ 5.11 charge map
@@ -264,6 +282,16 @@ static MAP_MEMORY: MetricFamily = MetricFamily {
     help: "Kernel memory of each of pgio's eBPF maps, as the kernel accounts it (fdinfo memlock), measured at start.",
     kind: Kind::Gauge,
 };
+static CGROUP_LIMIT: MetricFamily = MetricFamily {
+    name: "pgio_memory_cgroup_limit_bytes",
+    help: "The memory limit of pgio's cgroup (memory.max, or v1's limit_in_bytes), read at each scrape; absent without a limit.",
+    kind: Kind::Gauge,
+};
+static CGROUP_USAGE: MetricFamily = MetricFamily {
+    name: "pgio_memory_cgroup_usage_bytes",
+    help: "What pgio's memory cgroup holds now (memory.current, or v1's usage_in_bytes): its eBPF maps (kernels >= 5.11 charge them there), RSS and page cache; absent without a limit.",
+    kind: Kind::Gauge,
+};
 static POSSIBLE_CPUS: MetricFamily = MetricFamily {
     name: "pgio_possible_cpus",
     help: "Possible CPUs of this node (/sys/devices/system/cpu/possible): per-CPU maps hold one value per possible CPU.",
@@ -275,6 +303,8 @@ static POSSIBLE_CPUS: MetricFamily = MetricFamily {
 pub struct MapMemory {
     pub maps: Vec<(String, u64)>,
     pub possible_cpus: u32,
+    /// Read at each scrape (`Source::read`).
+    pub cgroup: Option<CgroupMemory>,
 }
 
 impl MapMemory {
@@ -282,6 +312,7 @@ impl MapMemory {
         MapMemory {
             maps: measured(ebpf),
             possible_cpus: possible_cpus().unwrap_or(0),
+            cgroup: None,
         }
     }
 
@@ -292,7 +323,10 @@ impl MapMemory {
 
 impl Source for MapMemory {
     fn read(&self, _: &Provisional) -> Box<dyn Snapshot> {
-        Box::new(self.clone())
+        Box::new(MapMemory {
+            cgroup: cgroup_memory(),
+            ..self.clone()
+        })
     }
 }
 
@@ -304,6 +338,11 @@ impl Snapshot for MapMemory {
         }
         enc.family(&POSSIBLE_CPUS)
             .gauge((), i64::from(self.possible_cpus));
+        if let Some(m) = &self.cgroup {
+            let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+            enc.family(&CGROUP_LIMIT).gauge((), bytes(m.limit));
+            enc.family(&CGROUP_USAGE).gauge((), bytes(m.usage));
+        }
     }
 }
 

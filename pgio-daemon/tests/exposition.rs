@@ -26,7 +26,7 @@ use pgio_daemon::{
     key_quota::{KeyQuotaSnapshot, MapStats},
     labels::Labels,
     lifecycle::PostgresBinaries,
-    map_memory::MapMemory,
+    map_memory::{CgroupMemory, MapMemory},
     probes::ProbeStatus,
     query::{QueryId, QuerySnapshot},
     query_id::{
@@ -337,6 +337,11 @@ fn all_families() -> Readings {
             ("SYSCALL_ROWS_MAP".to_owned(), 17_303_552),
         ],
         possible_cpus: 128,
+        cgroup: Some(CgroupMemory {
+            limit: 134_217_728,
+            usage: 96_468_992,
+            limit_file: "/sys/fs/cgroup/kubepods/pgio/memory.max".into(),
+        }),
     };
     r
 }
