@@ -493,6 +493,37 @@ fn daemonset_security_context_in_podman() {
             .collect::<String>()
     );
 
+    // The DaemonSet's memory limit as pgio serves it (PgioNearMemoryLimit's input), and what
+    // its cgroup holds: at least its maps (charged there on kernels >= 5.11) and below the
+    // limit.
+    let limit = pgio_testkit::daemonset::memory_bytes(
+        pod["containers"][0]["resources"]["limits"]["memory"]
+            .as_str()
+            .expect("the DaemonSet's memory limit"),
+    )
+    .expect("a memory quantity");
+    let m = full.scrape();
+    assert_eq!(
+        m.sum("pgio_memory_cgroup_limit_bytes", &[]),
+        limit as f64,
+        "the DaemonSet's limit"
+    );
+    let usage = m.sum("pgio_memory_cgroup_usage_bytes", &[]);
+    let maps = m.sum("pgio_bpf_map_memory_bytes", &[]);
+    assert!(
+        usage > 0.0 && usage < limit as f64,
+        "cgroup usage {usage}, limit {limit}"
+    );
+    if pgio_testkit::kernel_version() >= (5, 11) {
+        assert!(usage >= maps, "cgroup usage {usage} holds maps of {maps}");
+    }
+    eprintln!(
+        "memory cgroup: {:.1} of {:.1} MiB, maps {:.1} MiB",
+        usage / 1048576.0,
+        limit as f64 / 1048576.0,
+        maps / 1048576.0
+    );
+
     // A host process' direct reads, counted on the device as /proc/diskstats counts them. It
     // runs in a kubelet-shaped pod cgroup whose names are in the mounted /var/log/pods tree:
     // the pod labels work from inside the container.
