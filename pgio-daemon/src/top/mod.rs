@@ -178,6 +178,9 @@ fn to_json(args: &TopArgs, i: &Interval) -> serde_json::Value {
                 h["metric"] = json!(r.metric);
                 h["family"] = json!(r.metric.family());
                 h["labels"] = json!(r.key);
+                if !r.parts.is_empty() {
+                    h["parts_seconds"] = json!(r.parts);
+                }
                 h
             })
             .collect();

@@ -1,7 +1,7 @@
 //! Plain-text pictures of an interval, bpftrace style: per row a header with rate, p50 and p99,
 //! then one line per log2 bucket from the first to the last non-empty one, with its count and a
 //! bar. ASCII only, so a dumb terminal or a bug report shows the same thing.
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::interval::{Hist, Layer, Row};
 
@@ -104,11 +104,35 @@ pub fn row_title(row: &Row) -> String {
     }
 }
 
+/// Where the queries' time went, largest part first, as shares of their time:
+/// `time: IO 62% cpu 30% runnable 5% LWLock 3%`.
+pub fn parts(parts: &BTreeMap<String, f64>, total: f64) -> String {
+    let mut p: Vec<(&String, &f64)> = parts.iter().filter(|(_, s)| **s > 0.0).collect();
+    p.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+    let shares: Vec<String> = p
+        .iter()
+        .map(|(name, s)| {
+            let name: String = name
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            format!("{name} {:.0}%", 100.0 * **s / total.max(1e-12))
+        })
+        .collect();
+    format!("time: {}", shares.join(" "))
+}
+
 /// One row: title, summary, histogram lines; `width` columns at most.
 pub fn row(out: &mut Vec<String>, row: &Row, seconds: f64, width: usize) {
     let h = &row.hist;
     out.push(clip(&row_title(row), width));
     out.push(clip(&format!("  {}", summary(h, seconds)), width));
+    if !row.parts.is_empty() {
+        out.push(clip(
+            &format!("  {}", parts(&row.parts, h.sum_seconds)),
+            width,
+        ));
+    }
     let Some((first, last)) = span(&[h]) else {
         return;
     };
@@ -180,6 +204,21 @@ mod tests {
     use crate::top::interval::Metric;
 
     #[test]
+    fn parts_read_as_shares_of_the_query_time_largest_first() {
+        let p = BTreeMap::from([
+            ("cpu".to_owned(), 0.3),
+            ("IO".to_owned(), 0.62),
+            ("runnable".to_owned(), 0.05),
+            ("Lock".to_owned(), 0.0),
+            ("LWLock\n".to_owned(), 0.03),
+        ]);
+        assert_eq!(
+            parts(&p, 1.0),
+            "time: IO 62% cpu 30% runnable 5% LWLock? 3%"
+        );
+    }
+
+    #[test]
     fn durations_and_bucket_labels_read_like_bpftrace() {
         assert_eq!(duration(1.024e-6), "1.0us");
         assert_eq!(duration(131_072e-9), "131us");
@@ -217,6 +256,7 @@ mod tests {
                 counts,
                 sum_seconds: 1.0,
             },
+            parts: BTreeMap::new(),
         };
         let mut out = Vec::new();
         row(&mut out, &r, 2.0, 80);
