@@ -191,15 +191,20 @@ pub fn cgroup_memory() -> Option<CgroupMemory> {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
         let path = path.trim_start_matches('/');
+        // In a container the hierarchy is often mounted at the container's own cgroup, while
+        // /proc/self/cgroup names it from the host's root (no cgroup namespace, cgroup v1:
+        // podman, Kubernetes on v1 nodes): then the mount's root is the cgroup.
+        let at = |root: &str, limit: &str, usage: &str| {
+            headroom(&Path::new(root).join(path), limit, usage)
+                .or_else(|| headroom(Path::new(root), limit, usage))
+        };
         let found = if controllers.is_empty() {
             ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
                 .iter()
-                .find_map(|root| {
-                    headroom(&Path::new(root).join(path), "memory.max", "memory.current")
-                })
+                .find_map(|root| at(root, "memory.max", "memory.current"))
         } else if controllers.split(',').any(|c| c == "memory") {
-            headroom(
-                &Path::new("/sys/fs/cgroup/memory").join(path),
+            at(
+                "/sys/fs/cgroup/memory",
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
             )
