@@ -98,7 +98,7 @@ fn no_counter_steps_back_during_an_unprivileged_fork_burst() {
     eprintln!(
         "{} scrapes back to back, {} samples stepped back; real cluster's client backends: \
          pread64 {syscall_reads}, by relation {relation_reads}; inconsistent reads served \
-         from the last consistent view {inconsistent}",
+         what was shown last {inconsistent}",
         watched.scrapes,
         watched.steps_back.len()
     );

@@ -31,7 +31,7 @@ use crate::{
 pub struct RelationSnapshot {
     pub hists: Hists<RelationId>,
     pub state: Arc<Mutex<RelationState>>,
-    /// Scrapes so far that served the last consistent view (`slots::Slots::read_with`).
+    /// Scrapes so far that served what was shown last (`slots::Slots::read_with`).
     pub inconsistent_reads: u64,
 }
 
@@ -239,7 +239,7 @@ pub static RELATION_REST: MetricFamily = MetricFamily {
 
 pub static INCONSISTENT_READS: MetricFamily = MetricFamily {
     name: "pgio_inconsistent_reads",
-    help: "Scrapes that could not read a family's kernel counts as one view (reason=folds_during_read: the kernel kept moving the relation family's fd-slot counts into its map while they were read) and served that family's last consistent view instead: stale for that scrape, never lower than what was shown.",
+    help: "Scrapes that could not read a family's kernel counts as one view (reason=folds_during_read: the kernel kept moving the relation family's fd-slot counts into its map while they were read) and served what that family showed at the scrape before: stale for that scrape, never lower.",
     kind: Kind::Counter,
 };
 
