@@ -4,6 +4,7 @@
 //! `--once` for one interval, `--json` for scripts. HTTPS and basic auth for a daemon run with
 //! `--web-config-file`.
 mod interval;
+mod parts;
 mod render;
 mod scrape;
 
