@@ -1339,23 +1339,29 @@ fn check_seccomp_profile(p: &Paths) -> Result<()> {
             p.seccomp.display()
         );
     }
-    let copy = p.chart.join("files/seccomp-pgio.json");
-    let copy_text =
-        fs::read_to_string(&copy).with_context(|| format!("reading {}", copy.display()))?;
-    ensure!(
-        copy_text == text,
-        "{} differs from {}: copy it (`cp {} {}`)",
-        copy.display(),
-        p.seccomp.display(),
-        p.seccomp.display(),
-        copy.display()
-    );
+    same_copy(&p.seccomp, &text, &p.chart.join("files/seccomp-pgio.json"))?;
     step(format!(
         "seccomp profile {}: {} syscalls allowed, bpf and perf_event_open among them; the \
          chart's copy is identical",
         p.seccomp.display(),
         allowed.len()
     ));
+    Ok(())
+}
+
+/// The chart's `copy` (Helm reads only files inside the chart) holds `text`, the file at
+/// `original`, byte for byte.
+fn same_copy(original: &Path, text: &str, copy: &Path) -> Result<()> {
+    let copy_text =
+        fs::read_to_string(copy).with_context(|| format!("reading {}", copy.display()))?;
+    ensure!(
+        copy_text == text,
+        "{} differs from {}: copy it (`cp {} {}`)",
+        copy.display(),
+        original.display(),
+        original.display(),
+        copy.display()
+    );
     Ok(())
 }
 

@@ -20,17 +20,7 @@ pub(super) fn mixin_groups(p: &Paths) -> Result<Vec<Value>> {
         let file = p.root.join("deploy/mixin").join(name);
         let text =
             fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-        let copy = p.chart.join("files").join(name);
-        let copy_text =
-            fs::read_to_string(&copy).with_context(|| format!("reading {}", copy.display()))?;
-        ensure!(
-            copy_text == text,
-            "{} differs from {}: copy it (`cp {} {}`)",
-            copy.display(),
-            file.display(),
-            file.display(),
-            copy.display()
-        );
+        super::same_copy(&file, &text, &p.chart.join("files").join(name))?;
         let doc: Value = serde_yaml_ng::from_str(&text)
             .with_context(|| format!("parsing {}", file.display()))?;
         groups.extend(doc["groups"].as_array().cloned().unwrap_or_default());
