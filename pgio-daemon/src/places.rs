@@ -48,7 +48,13 @@ impl<G: Clone + Eq + Hash, M: Clone + Eq + Hash + Ord> Ranking<G, M> {
 
     /// Counts `io_ns` of IO time of `member` in `group` (0 makes it a candidate).
     pub fn add(&mut self, group: &G, member: &M, io_ns: u64) {
-        let recent = self.recent.entry(group.clone()).or_default();
+        // Called for every relation at every scrape: no clone of a group already counted.
+        if !self.recent.contains_key(group) {
+            self.recent.insert(group.clone(), HashMap::new());
+        }
+        let Some(recent) = self.recent.get_mut(group) else {
+            return;
+        };
         match recent.get_mut(member) {
             Some(ns) => *ns = ns.saturating_add(io_ns),
             None if self.candidates < self.cap => {
