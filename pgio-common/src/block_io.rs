@@ -135,6 +135,9 @@ pub struct BlockIoInflight {
     /// those of its partial completions so far (a driver that completes part of a request,
     /// then requeues the rest: loop on a short read, SCSI).
     pub bytes: u32,
+    /// Queue blame's copy of the device's clock when the wait started (`queue_blame`): it
+    /// rides this entry so that it costs no map lookup of its own.
+    pub blame: crate::queue_blame::QueueBlameMark,
 }
 
 impl BlockIoInflight {
@@ -159,7 +162,7 @@ impl BlockIoInflight {
 
 crate::abi_size!(BlockIoKey, 12, 4);
 crate::abi_size!(BlockIoRow, 1584, 8);
-crate::abi_size!(BlockIoInflight, 40, 8);
+crate::abi_size!(BlockIoInflight, 80, 8);
 crate::abi_pod!(BlockIoKey, BlockIoRow, BlockIoInflight);
 
 /// `dev_t` as the kernel packs it internally (`MKDEV`).

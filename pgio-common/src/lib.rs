@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod query;
 pub mod query_id;
 pub mod query_wait;
+pub mod queue_blame;
 pub mod relation;
 pub mod role_wait;
 pub mod syscall;

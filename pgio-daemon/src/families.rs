@@ -2,12 +2,13 @@
 //! of the families' metrics in `/metrics`.
 use crate::{
     block_io::BlockIoFamily, family::Family, io_worker::IoWorkerFamily, lifecycle::LifecycleFamily,
-    query::QueryFamily, query_id::QueryIdFamily, relation::RelationFamily,
-    role_wait::RoleWaitFamily, syscall::SyscallFamily,
+    query::QueryFamily, query_id::QueryIdFamily, queue_blame::QueueBlameFamily,
+    relation::RelationFamily, role_wait::RoleWaitFamily, syscall::SyscallFamily,
 };
 
 pub static FAMILIES: &[&dyn Family] = &[
     &BlockIoFamily,
+    &QueueBlameFamily,
     &SyscallFamily,
     &QueryFamily,
     &QueryIdFamily,

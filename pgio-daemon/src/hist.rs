@@ -244,6 +244,26 @@ impl<K: HistKey> HistReader<K> {
     }
 }
 
+impl<K: HistKey> HistReader<K> {
+    /// Deletes the kernel's keys and userspace's counts a family's own rule says are gone
+    /// (`queue_blame`: what was blamed on a retired series), in the once-a-second pass.
+    pub fn forget(
+        &self,
+        key_gone: impl Fn(&K) -> bool,
+        id_gone: impl Fn(&K::Id) -> bool,
+    ) -> Result<()> {
+        let mut map = lock(&self.map);
+        let mut carry = lock(&self.carry);
+        let keys: Vec<K> = map.keys().collect::<Result<_, _>>()?;
+        for key in keys.iter().filter(|k| key_gone(k)) {
+            let _ = map.remove(key);
+        }
+        lock(&self.booked).retain(|key, _| !key_gone(key));
+        carry.retain(|id, _| !id_gone(id));
+        Ok(())
+    }
+}
+
 impl<K: HistKey + 'static> Balanced for HistReader<K> {
     fn spec(&self) -> &'static HistMapSpec {
         self.spec

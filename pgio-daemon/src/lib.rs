@@ -44,6 +44,7 @@ pub mod proc_scan;
 pub mod provisional;
 pub mod query;
 pub mod query_id;
+pub mod queue_blame;
 pub mod reclassify;
 pub mod relation;
 pub mod role_wait;

@@ -33,6 +33,7 @@ use pgio_daemon::{
         QueryIdSnapshot,
         places::{Counts, Qid},
     },
+    queue_blame::{Culprit, QueueBlameId},
     relation::{
         RelationId, RelationSnapshot, RelationState,
         book::FileRef,
@@ -66,6 +67,8 @@ struct Readings {
     io_worker: IoWorkerSnapshot,
     /// Only in `all_families`.
     role_waits: HistSnapshot<RoleWaitId>,
+    /// Only in `all_families`.
+    queue_blame: HistSnapshot<QueueBlameId>,
     key_quota: KeyQuotaSnapshot,
     http: HttpSnapshot,
     web: WebSnapshot,
@@ -94,8 +97,9 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 14] = [
+    let sources: [&dyn Snapshot; 15] = [
         &r.block,
+        &r.queue_blame,
         &r.syscalls,
         &r.queries,
         &r.query_ids,
@@ -181,6 +185,25 @@ fn all_families() -> Readings {
         r.role_waits
             .0
             .insert(RoleWaitId { series: ckpt, part }, h(n as u64 + 40, 0));
+    }
+    // The client backend's reads on sdb waited behind the checkpointer's writes, behind the
+    // device's `(rest)`, and behind its own.
+    for (n, culprit) in [Culprit::Series(ckpt), Culprit::Rest, Culprit::Series(pg)]
+        .into_iter()
+        .enumerate()
+    {
+        r.queue_blame.0.insert(
+            QueueBlameId {
+                victim: pg,
+                dev: mkdev(8, 16),
+                op: BlockOp::Read,
+                culprit,
+            },
+            Log2Hist {
+                sum_ns: 250_000_000 * (n as u64 + 1),
+                ..Log2Hist::default()
+            },
+        );
     }
     // Query ids: one with a place (pg_stat_statements shows it signed), the rest, a query
     // without id and one pgio could not read.

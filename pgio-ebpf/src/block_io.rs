@@ -18,9 +18,12 @@ use pgio_common::{
     block_io::{BlockIoInflight, BlockIoKey, BlockIoRow, BlockOp, QUOTA, mkdev},
     drops::DropReason,
     hist::{SLOTS, slot},
+    queue_blame::QueueBlameMark,
 };
 
-use crate::{atomic::atomic_add, drops, hist, kernel_offsets::offsets, syscall, tracked};
+use crate::{
+    atomic::atomic_add, drops, hist, kernel_offsets::offsets, queue_blame, syscall, tracked,
+};
 
 /// In-flight requests by `struct request *` (bios of bio-based disks by `struct bio *`). A
 /// request's entry outlives it: blk-mq allocates a disk's `struct request`s once and reuses
@@ -130,6 +133,9 @@ struct Fresh {
     insert_ns: u64,
     issue_ns: u64,
     bytes: u32,
+    /// The device a tracked request waits on from its submission, for queue blame's mark; 0:
+    /// none (untracked, bio-based, or first seen at its issue).
+    wait_dev: u32,
 }
 
 impl Fresh {
@@ -146,6 +152,17 @@ impl Fresh {
             _pad: 0,
             _pad2: 0,
             bytes: self.bytes,
+            blame: QueueBlameMark::ZERO,
+        }
+    }
+
+    /// When the request's wait started (`BlockIoInflight::submitted_ns`).
+    #[inline(always)]
+    fn submitted_ns(&self) -> u64 {
+        if self.start_ns != 0 {
+            self.start_ns
+        } else {
+            self.insert_ns
         }
     }
 
@@ -175,11 +192,15 @@ fn start(rq: u64, v: Fresh) {
         unsafe {
             lost_if_issued(&*old);
             v.write(old);
+            queue_blame::mark(&raw mut (*old).blame, v.wait_dev, v.submitted_ns());
         }
         return;
     }
+    let mut e = v.entry();
+    // SAFETY: a stack copy's mark.
+    unsafe { queue_blame::mark(&raw mut e.blame, v.wait_dev, v.submitted_ns()) };
     if BLOCK_IO_INFLIGHT
-        .insert(&rq, &v.entry(), BPF_NOEXIST as u64)
+        .insert(&rq, &e, BPF_NOEXIST as u64)
         .is_err()
     {
         drops::count(DropReason::InflightFull);
@@ -197,6 +218,7 @@ fn fresh(series: SeriesId, start_ns: u64, insert_ns: u64, issue_ns: u64) -> Fres
         insert_ns,
         issue_ns,
         bytes: 0,
+        wait_dev: 0,
     }
 }
 
@@ -219,6 +241,10 @@ fn first_seen(rq: u64, mut v: Fresh) {
     v.series = current_series();
     if v.series.is_tracked() {
         syscall::mark_block_io();
+        // Its wait starts at this insert (at an issue it has none).
+        if v.insert_ns != 0 {
+            v.wait_dev = device_and_op(rq).map_or(0, |(dev, _)| dev);
+        }
     }
     start(rq, v);
 }
@@ -240,7 +266,12 @@ fn rq_arg(ctx: &BtfTracePointContext) -> u64 {
 pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let series = current_series();
-    start(rq, fresh(series, unsafe { bpf_ktime_get_ns() }, 0, 0));
+    let mut v = fresh(series, unsafe { bpf_ktime_get_ns() }, 0, 0);
+    if series.is_tracked() {
+        // Its wait starts now; `rq->q->disk` is set when a request is allocated.
+        v.wait_dev = device_and_op(rq).map_or(0, |(dev, _)| dev);
+    }
+    start(rq, v);
     if series.is_tracked() {
         syscall::mark_block_io();
     }
@@ -277,6 +308,7 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
             (*e).dev = dev;
             (*e).op = op as u8;
             (*e).issue_ns = now;
+            queue_blame::issued(&raw mut (*e).blame, (*e).series, dev, op as u8, now);
         },
         None => first_seen(
             rq,
@@ -367,6 +399,7 @@ fn bio_queued(bio: u64) -> i32 {
         insert_ns: 0,
         issue_ns: now,
         bytes,
+        wait_dev: 0,
     };
     // A bio is new memory, removed at its completion: insert first (the lookup `start` makes
     // first would miss), and only a pointer still held takes `start`'s path.
@@ -397,7 +430,7 @@ pub fn block_bio_complete(ctx: BtfTracePointContext) -> i32 {
     if BLOCK_IO_INFLIGHT.remove(&bio) == Err(-ENOENT) {
         return 0;
     }
-    complete(|| None, e, now, e.bytes);
+    complete(|| None, e, now, e.bytes, false);
     0
 }
 
@@ -440,6 +473,7 @@ fn complete(
     mut e: BlockIoInflight,
     now: u64,
     nr_bytes: u32,
+    request: bool,
 ) {
     if e.issue_ns == 0 {
         // Never issued itself: an empty flush (the flush sequence issues its own flush
@@ -461,6 +495,11 @@ fn complete(
         };
         e.dev = dev;
         e.op = op as u8;
+    }
+    // A request's device time moves its device's blame clock (a bio-based disk has no queue
+    // to wait in).
+    if request {
+        queue_blame::completed(e.series, e.dev, now.wrapping_sub(e.issue_ns), now);
     }
     let Some(r) = row(e.series, e.dev, e.op) else {
         return;
@@ -532,7 +571,7 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         copy
     };
     let nr_bytes = nr_bytes.wrapping_add(e.bytes);
-    complete(dev_op, e, now, nr_bytes);
+    complete(dev_op, e, now, nr_bytes, true);
     0
 }
 

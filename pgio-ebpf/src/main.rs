@@ -19,6 +19,7 @@ mod lifecycle;
 mod query;
 mod query_id;
 mod query_wait;
+mod queue_blame;
 mod relation;
 mod role_wait;
 mod sys_record;

@@ -59,6 +59,14 @@ impl Metric {
         }
     }
 
+    /// What a row's parts say (`render::parts`).
+    pub fn parts_name(self) -> &'static str {
+        match self {
+            Metric::Queue => "behind",
+            _ => "time",
+        }
+    }
+
     /// Labels that split a row of this metric beyond the grouping ones: what was timed.
     pub fn own_labels(self) -> &'static [&'static str] {
         match self {
@@ -196,7 +204,8 @@ pub struct Row {
     #[serde(skip)]
     pub hist: Hist,
     /// `query` rows: the queries' seconds by part (on CPU, runnable, each wait event type)
-    /// over the interval (`pgio_query_id_part_seconds`).
+    /// over the interval (`pgio_query_id_part_seconds`); `queue` rows: the seconds of queue
+    /// time blamed on each culprit (`pgio_block_io_queue_blame_seconds`).
     #[serde(skip)]
     pub parts: BTreeMap<String, f64>,
 }
@@ -256,12 +265,18 @@ pub fn rows(
     } else {
         BTreeMap::new()
     };
+    let mut blame = if metrics.contains(&Metric::Queue) {
+        super::parts::queue_blame(before, after, filter, by)
+    } else {
+        BTreeMap::new()
+    };
     let mut rows: Vec<Row> = out
         .into_iter()
         .filter(|(_, h)| h.count() > 0)
         .map(|((metric, key), hist)| Row {
             parts: match metric {
                 Metric::Query => parts.remove(&key).unwrap_or_default(),
+                Metric::Queue => blame.remove(&key).unwrap_or_default(),
                 _ => BTreeMap::new(),
             },
             metric,

@@ -50,12 +50,13 @@ pub struct TopArgs {
     #[arg(long)]
     pub json: bool,
     /// Histograms to show [default: syscall,futex,device; relation when --by names relation
-    /// or kind; query,query-io when it names queryid].
+    /// or kind; query,query-io when it names queryid; queue when it names culprit].
     #[arg(long, value_delimiter = ',')]
     pub metric: Vec<Metric>,
     /// Group rows by these labels (besides what each metric times: syscall/cache, device/op),
     /// e.g. `--by database,relation` for IO time per table and index (`relations = true`),
-    /// `--by database,queryid` for query and IO time per pg_stat_statements query id.
+    /// `--by database,queryid` for query and IO time per pg_stat_statements query id,
+    /// `--by device,culprit` for queue time per device and behind whose requests it was spent.
     #[arg(long, value_delimiter = ',', default_value = "app,role")]
     pub by: Vec<String>,
     /// At most this many rows, busiest first (0: all that fit; all with --once).
@@ -93,6 +94,8 @@ impl TopArgs {
             vec![Metric::Relation]
         } else if self.by.iter().any(|b| b == "queryid") {
             vec![Metric::Query, Metric::QueryIo]
+        } else if self.by.iter().any(|b| b == "culprit") {
+            vec![Metric::Queue]
         } else {
             vec![Metric::Syscall, Metric::Futex, Metric::Device]
         }

@@ -1,6 +1,7 @@
-//! Where the queries of a `query` row spent their time over an interval: the increases of
-//! `pgio_query_id_part_seconds_total` (on CPU, runnable, each wait event type), grouped like
-//! the rows.
+//! A row's time split over an interval, from the increases of a counter grouped like the
+//! rows: where the queries of a `query` row spent it (`pgio_query_id_part_seconds_total`: on
+//! CPU, runnable, each wait event type), and behind whose requests a `queue` row waited
+//! (`pgio_block_io_queue_blame_seconds_total`, by culprit).
 use std::collections::{BTreeMap, HashMap};
 
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
@@ -9,18 +10,63 @@ use super::{
     interval::{Filter, LabelKey, label, label_key},
     scrape::Scrape,
 };
-use crate::query_id;
+use crate::{query_id, queue_blame};
+
+/// Seconds per part, per row key.
+type Parts = BTreeMap<BTreeMap<String, String>, BTreeMap<String, f64>>;
 
 /// Per row key of `query` rows (the labels in `by`), the seconds each part of the queries took
-/// over the interval: increases of `pgio_query_id_part_seconds_total` (a counter that went
-/// down, the daemon restarted, counts from 0).
+/// over the interval.
 pub(super) fn query_parts(
     before: &Scrape,
     after: &Scrape,
     filter: &Filter,
     by: &[String],
-) -> BTreeMap<BTreeMap<String, String>, BTreeMap<String, f64>> {
-    let name = format!("{}_total", query_id::QUERY_ID_PART_SECONDS.name);
+) -> Parts {
+    let family = query_id::QUERY_ID_PART_SECONDS.name;
+    increases(
+        before,
+        after,
+        filter,
+        family,
+        |n| by.iter().any(|b| b == n),
+        |l| label(l, "part").to_owned(),
+    )
+}
+
+/// Per row key of `queue` rows (the labels in `by`, device and op), the seconds of queue time
+/// blamed on each culprit over the interval: `app/role`, `/database` when it has one.
+pub(super) fn queue_blame(
+    before: &Scrape,
+    after: &Scrape,
+    filter: &Filter,
+    by: &[String],
+) -> Parts {
+    let family = queue_blame::BLAME_SECONDS.name;
+    let keep = |n: &str| by.iter().any(|b| b == n) || n == "device" || n == "op";
+    increases(before, after, filter, family, keep, |l| {
+        let mut who = label(l, "culprit_app").to_owned();
+        for extra in ["culprit_role", "culprit_database"] {
+            let v = label(l, extra);
+            if !v.is_empty() {
+                who = format!("{who}/{v}");
+            }
+        }
+        who
+    })
+}
+
+/// Increases of counter `family` from `before` to `after` (one that went down, the daemon
+/// restarted, counts from 0), summed per row key (the labels `keep` names) and part.
+fn increases(
+    before: &Scrape,
+    after: &Scrape,
+    filter: &Filter,
+    family: &str,
+    keep: impl Fn(&str) -> bool,
+    part: impl Fn(&[pb::LabelPair]) -> String,
+) -> Parts {
+    let name = format!("{family}_total");
     let values = |s: &Scrape| -> Vec<(Vec<pb::LabelPair>, f64)> {
         s.families
             .iter()
@@ -33,7 +79,7 @@ pub(super) fn query_parts(
         .into_iter()
         .map(|(l, v)| (label_key(&l), v))
         .collect();
-    let mut out: BTreeMap<BTreeMap<String, String>, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut out = Parts::new();
     for (labels, value) in values(after) {
         if !filter.matches(&labels) {
             continue;
@@ -42,12 +88,12 @@ pub(super) fn query_parts(
         let inc = if value >= was { value - was } else { value };
         let key: BTreeMap<String, String> = labels
             .iter()
-            .filter(|l| by.contains(&l.name))
+            .filter(|l| keep(&l.name))
             .map(|l| (l.name.clone(), l.value.clone()))
             .collect();
         *out.entry(key)
             .or_default()
-            .entry(label(&labels, "part").to_owned())
+            .entry(part(&labels))
             .or_default() += inc;
     }
     out

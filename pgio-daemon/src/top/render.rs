@@ -105,8 +105,9 @@ pub fn row_title(row: &Row) -> String {
 }
 
 /// Where the queries' time went, largest part first, as shares of their time:
-/// `time: IO 62% cpu 30% runnable 5% LWLock 3%`.
-pub fn parts(parts: &BTreeMap<String, f64>, total: f64) -> String {
+/// `time: IO 62% cpu 30% runnable 5% LWLock 3%`; for queue time, behind whom it was spent:
+/// `behind: postgres/autovacuum worker/shop 91% postgres/client backend/shop 9%`.
+pub fn parts(what: &str, parts: &BTreeMap<String, f64>, total: f64) -> String {
     let mut p: Vec<(&String, &f64)> = parts.iter().filter(|(_, s)| **s > 0.0).collect();
     p.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
     let shares: Vec<String> = p
@@ -119,7 +120,7 @@ pub fn parts(parts: &BTreeMap<String, f64>, total: f64) -> String {
             format!("{name} {:.0}%", 100.0 * **s / total.max(1e-12))
         })
         .collect();
-    format!("time: {}", shares.join(" "))
+    format!("{what}: {}", shares.join(" "))
 }
 
 /// One row: title, summary, histogram lines; `width` columns at most.
@@ -129,7 +130,10 @@ pub fn row(out: &mut Vec<String>, row: &Row, seconds: f64, width: usize) {
     out.push(clip(&format!("  {}", summary(h, seconds)), width));
     if !row.parts.is_empty() {
         out.push(clip(
-            &format!("  {}", parts(&row.parts, h.sum_seconds)),
+            &format!(
+                "  {}",
+                parts(row.metric.parts_name(), &row.parts, h.sum_seconds)
+            ),
             width,
         ));
     }
@@ -213,7 +217,7 @@ mod tests {
             ("LWLock\n".to_owned(), 0.03),
         ]);
         assert_eq!(
-            parts(&p, 1.0),
+            parts("time", &p, 1.0),
             "time: IO 62% cpu 30% runnable 5% LWLock? 3%"
         );
     }

@@ -21,6 +21,7 @@ http_header_timeout_secs = {{ int $c.http_header_timeout_secs }}
 http_idle_timeout_secs = {{ int $c.http_idle_timeout_secs }}
 http_max_connections = {{ int $c.http_max_connections }}
 block_inflight_timeout_secs = {{ int $c.block_inflight_timeout_secs }}
+queue_blame = {{ $c.queue_blame }}
 syscall_rows = {{ $c.syscall_rows }}
 queries = {{ $c.queries }}
 query_probes = {{ $c.query_probes }}

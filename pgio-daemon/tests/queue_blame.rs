@@ -1,0 +1,196 @@
+//! Queue blame against known answers (issue 48). A direct-IO loop device with mq-deadline (a
+//! real disk's queue: 128 driver tags, 256 scheduler tags), fio as the load, each job under a
+//! copy of fio's binary with its own name so that each is its own series:
+//! - a reader alone: its whole queue time is blamed on itself;
+//! - the reader beside a writer that keeps 256 writes queued: the reader waits for a tag a
+//!   writer's completion frees, so at least 90 % is blamed on the writer;
+//! - the reader beside two writers keeping 192 and 64 writes queued: their blame splits 3:1
+//!   (±10 %), as their shares of the device do.
+//!
+//! In each, the blame summed over culprits equals the reader's queue time to the nanosecond.
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use common::Daemon;
+use pgio_testkit::{LoopDevice, Metrics, fio, require_root, temp_dir};
+
+const BLAME: &str = "pgio_block_io_queue_blame_seconds_total";
+
+/// fio's binary copied to `<dir>/<name>`: its processes' comm is `name`.
+fn fio_as(dir: &Path, name: &str) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::copy(fio::fio_bin().expect("fio"), &to).expect("copy fio");
+    to
+}
+
+/// A fio job on `dev` for `secs`: `rw` in `bs` blocks, `iodepth` in flight (libaio).
+fn fio_job(bin: &Path, dev: &Path, rw: &str, bs: &str, iodepth: u32, secs: u32) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("--name=blame")
+        .arg(format!("--filename={}", dev.display()))
+        .args(["--direct=1", "--time_based", "--ioengine=libaio"])
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--iodepth={iodepth}"))
+        .arg(format!("--runtime={secs}s"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+/// Background jobs, ended (by their PIDs) and reaped also when the test fails.
+struct Jobs(Vec<Child>);
+
+impl Drop for Jobs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Jobs {
+    fn wait(mut self) {
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// ns of a scraped seconds value (exact for the integers the daemon divides by 1e9).
+fn ns(seconds: f64) -> u64 {
+    (seconds * 1e9).round() as u64
+}
+
+/// The reader's blame on `dev` by culprit app (ns), its queue time (ns), and its requests whose
+/// completion pgio missed (blamed at their issue, no queue time: the kernel skips a program
+/// now and then, see README).
+fn blame_of(m: &Metrics, reader: &str, dev: &str) -> (BTreeMap<String, u64>, u64, f64) {
+    let victim = [("app", reader), ("device", dev), ("op", "read")];
+    let mut by = BTreeMap::new();
+    for s in m.matching(BLAME, &victim) {
+        let culprit = s.labels.get("culprit_app").cloned().unwrap_or_default();
+        *by.entry(culprit).or_insert(0) += ns(s.value);
+    }
+    let queue = ns(m.sum("pgio_block_io_queue_seconds_sum", &victim));
+    let lost = m.sum("pgio_block_io_lost_completions_total", &victim).abs();
+    (by, queue, lost)
+}
+
+/// The blame sums to the queue time: exactly, or, with completions lost, to more.
+fn sums_to(by: &BTreeMap<String, u64>, queue: u64, lost: f64) -> bool {
+    let sum = by.values().sum::<u64>();
+    queue > 0 && (sum == queue || (lost > 0.0 && sum > queue))
+}
+
+#[test]
+fn queue_time_is_blamed_on_whose_requests_the_device_served() {
+    if !require_root("queue_blame") {
+        return;
+    }
+    let dir = temp_dir().expect("temp dir");
+    let lo = LoopDevice::create_written(dir.path(), 512 << 20, true).expect("loop device");
+    let sched = format!("/sys/block/{}/queue/scheduler", lo.name());
+    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+    let names = [
+        "qb-alone",
+        "qb-reader",
+        "qb-reader2",
+        "qb-writer",
+        "qb-big",
+        "qb-small",
+    ];
+    let bins: BTreeMap<&str, PathBuf> = names.iter().map(|n| (*n, fio_as(dir.path(), n))).collect();
+    let rules: Vec<(&str, &str, &str)> = names.iter().map(|n| (*n, "job", *n)).collect();
+    let config: String = rules
+        .iter()
+        .map(|(app, role, comm)| {
+            format!("[[rule]]\napp = \"{app}\"\nrole = \"{role}\"\ncomm = \"^{comm}$\"\n")
+        })
+        .collect();
+    let daemon = Daemon::with_config(&config).expect("daemon");
+    // Queue blame rides them: a program the verifier refused would leave it silent.
+    let m = daemon.scrape();
+    for p in ["block_io_start", "block_rq_issue", "block_rq_complete"] {
+        let attached = m.sum("pgio_probe_attached", &[("program", p)]);
+        assert_eq!(attached, 1.0, "{p} attached:\n{}", daemon.0.log_text());
+    }
+    lo.wait_quiet(Duration::from_secs(5));
+    let (dev, path) = (lo.name().to_owned(), lo.path().to_owned());
+    let read = |name: &str| {
+        let mut c = fio_job(&bins[name], &path, "randread", "4k", 1, 4);
+        c.status().expect("reader");
+    };
+    let spawn = |name: &str, iodepth: u32| {
+        fio_job(&bins[name], &path, "randwrite", "64k", iodepth, 6)
+            .spawn()
+            .expect("writer")
+    };
+    let mut failures = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        eprintln!("{}{what}", if ok { "" } else { "FAILED: " });
+        if !ok {
+            failures.push(what);
+        }
+    };
+
+    // 1. Alone: its own.
+    read("qb-alone");
+    std::thread::sleep(Duration::from_secs(1));
+    let m = daemon.scrape();
+    let (by, queue, lost) = blame_of(&m, "qb-alone", &dev);
+    check(
+        by.keys().all(|k| k == "qb-alone") && sums_to(&by, queue, lost) && queue > 0,
+        format!("alone: blame {by:?}, queue time {queue} ns ({lost} lost): all its own"),
+    );
+
+    // 2. Behind one writer.
+    let writer = Jobs(vec![spawn("qb-writer", 256)]);
+    std::thread::sleep(Duration::from_millis(1500));
+    read("qb-reader");
+    writer.wait();
+    std::thread::sleep(Duration::from_secs(1));
+    let m = daemon.scrape();
+    let (by, queue, lost) = blame_of(&m, "qb-reader", &dev);
+    let on_writer = by.get("qb-writer").copied().unwrap_or(0);
+    check(
+        sums_to(&by, queue, lost),
+        format!("one writer: blame {by:?} sums to the queue time {queue} ns ({lost} lost)"),
+    );
+    check(
+        on_writer as f64 >= 0.9 * queue as f64 && queue > 0,
+        format!(
+            "one writer: {:.1} % blamed on it",
+            100.0 * on_writer as f64 / queue.max(1) as f64
+        ),
+    );
+
+    // 3. Behind two writers, 3:1.
+    let writers = Jobs(vec![spawn("qb-big", 192), spawn("qb-small", 64)]);
+    std::thread::sleep(Duration::from_millis(1500));
+    read("qb-reader2");
+    writers.wait();
+    std::thread::sleep(Duration::from_secs(1));
+    let m = daemon.scrape();
+    let (by, queue, lost) = blame_of(&m, "qb-reader2", &dev);
+    let (big, small) = (by.get("qb-big").copied(), by.get("qb-small").copied());
+    let ratio = big.unwrap_or(0) as f64 / small.unwrap_or(0).max(1) as f64;
+    check(
+        sums_to(&by, queue, lost),
+        format!("two writers: blame {by:?} sums to the queue time {queue} ns ({lost} lost)"),
+    );
+    check(
+        (2.7..=3.3).contains(&ratio),
+        format!("two writers: big / small = {ratio:.2}, 3 ± 10 %"),
+    );
+    daemon.stop().expect("daemon stop");
+    lo.detach().expect("detach");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
