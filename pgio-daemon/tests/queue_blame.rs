@@ -23,10 +23,32 @@ use std::{
 
 use common::Daemon;
 use pgio_testkit::{
-    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, fio, pg_bin_dir, require_root, temp_dir,
+    Ext4Mount, LoopDevice, Metrics, PgCluster, PgOptions, emulated, fio, pg_bin_dir, require_root,
+    temp_dir,
 };
 
 const BLAME: &str = "pgio_block_io_queue_blame_seconds_total";
+
+/// One test at a time: each daemon sees every device's IO, and a loop device's number (and
+/// its kernel clock) is reused by the next one attached.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Gives `dev` mq-deadline; `false` when its driver takes no I/O scheduler (the loop driver
+/// before Linux 5.14 or so ignores the write): none of its requests then waits in a queue.
+fn mq_deadline(dev: &str) -> bool {
+    let sched = format!("/sys/block/{dev}/queue/scheduler");
+    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+    let now = std::fs::read_to_string(&sched).unwrap_or_else(|e| panic!("{sched}: {e}"));
+    if now.contains("[mq-deadline]") {
+        return true;
+    }
+    eprintln!(
+        "skipped: {dev} keeps scheduler {:?} on this kernel: its requests are issued without \
+         waiting in a queue, so there is no queue time to blame",
+        now.trim()
+    );
+    false
+}
 
 /// fio's binary copied to `<dir>/<name>`: its processes' comm is `name`.
 fn fio_as(dir: &Path, name: &str) -> PathBuf {
@@ -101,10 +123,13 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     if !require_root("queue_blame") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir().expect("temp dir");
     let lo = LoopDevice::create_written(dir.path(), 512 << 20, true).expect("loop device");
-    let sched = format!("/sys/block/{}/queue/scheduler", lo.name());
-    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+    if !mq_deadline(lo.name()) {
+        lo.detach().expect("detach");
+        return;
+    }
     let crowd: Vec<String> = (0..12).map(|i| format!("qb-crowd{i}")).collect();
     let mut names = vec![
         "qb-alone",
@@ -173,8 +198,17 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
         sums_to(&by, queue, lost),
         format!("one writer: blame {by:?} sums to the queue time {queue} ns ({lost} lost)"),
     );
+    // In an emulated guest (TCG) the emulated CPU, not the device's tags, holds requests back
+    // (measured on 6.1: 73 % on the writer, the rest waits during which nothing completed,
+    // the reader's own by the rule; 2.21 : 1 for the writers below): there the writer need
+    // only be ahead, and the big writer ahead of the small one.
+    let (share, ratios) = if emulated().is_some() {
+        (0.5, 1.2..=4.0)
+    } else {
+        (0.9, 2.7..=3.3)
+    };
     check(
-        on_writer as f64 >= 0.9 * queue as f64 && queue > 0,
+        on_writer as f64 >= share * queue as f64 && queue > 0,
         format!(
             "one writer: {:.1} % blamed on it",
             100.0 * on_writer as f64 / queue.max(1) as f64
@@ -196,16 +230,15 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
         format!("two writers: blame {by:?} sums to the queue time {queue} ns ({lost} lost)"),
     );
     check(
-        (2.7..=3.3).contains(&ratio),
-        format!("two writers: big / small = {ratio:.2}, 3 ± 10 %"),
+        ratios.contains(&ratio),
+        format!("two writers: big / small = {ratio:.2}, in {ratios:?}"),
     );
 
     // 4. On a device of its own (a new clock, no owners yet), a crowd of twelve writers, each
     // its own series, and a shell forking a `dd` per request: at most seven culprits of the
     // device have names of their own (in 6 s no owner is idle long enough to give its slot up).
     let lo2 = LoopDevice::create_written(dir.path(), 256 << 20, true).expect("loop device");
-    let sched = format!("/sys/block/{}/queue/scheduler", lo2.name());
-    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+    assert!(mq_deadline(lo2.name()), "{} took no scheduler", lo2.name());
     let (dev, path) = (lo2.name().to_owned(), lo2.path().to_owned());
     let read = |name: &str| {
         let mut c = fio_job(&bins[name], &path, "randread", "4k", 1, 4);
@@ -229,6 +262,7 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
             .expect("fork per request"),
     );
     let crowd_jobs = Jobs(jobs);
+    let before = daemon.scrape();
     std::thread::sleep(Duration::from_millis(1500));
     read("qb-reader3");
     crowd_jobs.wait();
@@ -239,11 +273,17 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
         sums_to(&by, queue, lost),
         format!("crowd: the reader's blame {by:?} sums to its queue time {queue} ns ({lost} lost)"),
     );
-    // Over every victim on the device, the culprits that were not the victim itself.
+    // Over every victim on the device, the culprits other than the victim itself that were
+    // blamed during the crowd's run.
     let mut named = std::collections::BTreeSet::new();
     for s in m.matching(BLAME, &[("device", dev.as_str())]) {
         let culprit = s.labels.get("culprit_app").cloned().unwrap_or_default();
-        if s.labels.get("app") != Some(&culprit) && culprit != "(rest)" {
+        let was = before
+            .all()
+            .iter()
+            .find(|b| b.name == s.name && b.labels == s.labels)
+            .map_or(0.0, |b| b.value);
+        if s.value > was && s.labels.get("app") != Some(&culprit) && culprit != "(rest)" {
             named.insert(culprit);
         }
     }
@@ -265,11 +305,14 @@ fn pg15_client_backends_waits_are_blamed_on_the_neighbour_flooding_their_disk() 
     if !require_root("queue_blame pg15") {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bin = pg_bin_dir(15).expect("PostgreSQL 15");
     let dir = temp_dir().expect("temp dir");
     let lo = LoopDevice::create(dir.path(), 1 << 30, true).expect("loop device");
-    let sched = format!("/sys/block/{}/queue/scheduler", lo.name());
-    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+    if !mq_deadline(lo.name()) {
+        lo.detach().expect("detach");
+        return;
+    }
     let mut fs = Ext4Mount::new(&lo, &dir.path().join("mnt")).expect("ext4");
     let opts = PgOptions::new(&bin, fs.path().join("pgdata"), 55_470)
         .shared_buffers("16MB")

@@ -1,8 +1,10 @@
 //! The hook table: the programs of the kernel hooks that more than one family rides on, each
 //! calling its families in order. A family that needs one of these hooks adds its line here;
 //! no family calls into another's module (`thread` and `tracked` below them hold what they
-//! all read). The one exception is `query_id`, which books the runs `query` moves into its
-//! rows, from `query` itself: it is the query family's second key, not a hook's rider.
+//! all read). Two exceptions, each a family's second key rather than a hook's rider:
+//! `query_id`, which books the runs `query` moves into its rows, from `query` itself; and
+//! `queue_blame`, which `block_io` calls at a request's start, issue and completion, its mark
+//! living in the request's in-flight entry (no lookup of its own).
 //!
 //! | hook | families, in order |
 //! |---|---|

@@ -163,4 +163,62 @@ mod tests {
         let db = &parts[&BTreeMap::from([("database".to_owned(), "db".to_owned())])];
         assert_eq!(db["IO"], 3.0);
     }
+
+    #[test]
+    fn queue_rows_split_by_culprit_per_device_and_op() {
+        let pair = |name: &str, value: &str| pb::LabelPair {
+            name: name.into(),
+            value: value.into(),
+        };
+        // (victim app, culprit labels, value)
+        type Sample<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
+        let scrape = |v: &[Sample]| Scrape {
+            at: std::time::Instant::now(),
+            families: vec![pb::MetricFamily {
+                name: "pgio_block_io_queue_blame_seconds_total".into(),
+                metric: v
+                    .iter()
+                    .map(|(app, culprit, value)| {
+                        let mut label =
+                            vec![pair("device", "sdb"), pair("op", "read"), pair("app", app)];
+                        label.extend(culprit.iter().map(|(n, v)| pair(n, v)));
+                        pb::Metric {
+                            label,
+                            counter: Some(pb::Counter {
+                                value: *value,
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+        };
+        let vacuum: &[(&str, &str)] = &[
+            ("culprit_app", "postgres"),
+            ("culprit_role", "autovacuum worker"),
+            ("culprit_database", "shop"),
+        ];
+        let rest: &[(&str, &str)] = &[("culprit_app", "(rest)")];
+        let before = scrape(&[("postgres", vacuum, 1.0), ("postgres", rest, 0.5)]);
+        let after = scrape(&[
+            ("postgres", vacuum, 4.0),
+            ("postgres", rest, 1.0),
+            ("fio", vacuum, 2.0),
+        ]);
+        let by = vec!["app".to_owned()];
+        let parts = queue_blame(&before, &after, &Filter::default(), &by);
+        let key = |app: &str| {
+            BTreeMap::from([
+                ("app".to_owned(), app.to_owned()),
+                ("device".to_owned(), "sdb".to_owned()),
+                ("op".to_owned(), "read".to_owned()),
+            ])
+        };
+        let pg = &parts[&key("postgres")];
+        assert_eq!(pg["postgres/autovacuum worker/shop"], 3.0);
+        assert_eq!(pg["(rest)"], 0.5);
+        assert_eq!(parts[&key("fio")]["postgres/autovacuum worker/shop"], 2.0);
+    }
 }
