@@ -158,15 +158,18 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     }
     lo.wait_quiet(Duration::from_secs(5));
     let (dev, path) = (lo.name().to_owned(), lo.path().to_owned());
-    let read = |name: &str| {
-        let mut c = fio_job(&bins[name], &path, "randread", "4k", 1, 4);
+    // A reader (4 KiB, one at a time, 4 s) and writers (64 KiB, `iodepth` in flight, 6 s).
+    let read_on = |path: &Path, name: &str| {
+        let mut c = fio_job(&bins[name], path, "randread", "4k", 1, 4);
         c.status().expect("reader");
     };
-    let spawn = |name: &str, iodepth: u32| {
-        fio_job(&bins[name], &path, "randwrite", "64k", iodepth, 6)
+    let spawn_on = |path: &Path, name: &str, iodepth: u32| {
+        fio_job(&bins[name], path, "randwrite", "64k", iodepth, 6)
             .spawn()
             .expect("writer")
     };
+    let read = |name: &str| read_on(&path, name);
+    let spawn = |name: &str, iodepth: u32| spawn_on(&path, name, iodepth);
     let mut failures = Vec::new();
     let mut check = |ok: bool, what: String| {
         eprintln!("{}{what}", if ok { "" } else { "FAILED: " });
@@ -240,15 +243,8 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     let lo2 = LoopDevice::create_written(dir.path(), 256 << 20, true).expect("loop device");
     assert!(mq_deadline(lo2.name()), "{} took no scheduler", lo2.name());
     let (dev, path) = (lo2.name().to_owned(), lo2.path().to_owned());
-    let read = |name: &str| {
-        let mut c = fio_job(&bins[name], &path, "randread", "4k", 1, 4);
-        c.status().expect("reader");
-    };
-    let spawn = |name: &str, iodepth: u32| {
-        fio_job(&bins[name], &path, "randwrite", "64k", iodepth, 6)
-            .spawn()
-            .expect("writer")
-    };
+    let read = |name: &str| read_on(&path, name);
+    let spawn = |name: &str, iodepth: u32| spawn_on(&path, name, iodepth);
     let mut jobs: Vec<Child> = crowd.iter().map(|n| spawn(n, 16)).collect();
     let forks = format!(
         "for i in $(seq 300); do dd if=/dev/zero of={} bs=64k count=1 seek=$((i % 64)) \
