@@ -1,7 +1,7 @@
 //! The modules of each crate (pgio-daemon, pgio-ebpf, pgio-common, xtask) import each other
 //! in one direction only: a file that names
-//! `crate::a::b` depends on `a/b.rs` (else `a.rs`), a file that names `super::` on its
-//! parent's file; no file may reach itself again. Test code is left out. Found circles are
+//! `crate::a::b` depends on `a/b.rs` (else `a.rs`), a file of module `a::b` that names
+//! `super::c` on `a/c.rs` (else its parent's file); no file may reach itself again. Test code is left out. Found circles are
 //! printed file by file.
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -35,9 +35,14 @@ fn module_file(src: &Path, segments: &[&str]) -> Option<PathBuf> {
 
 /// Module paths named after `crate::` in `code`, with `{a, b::c}` groups spread out.
 fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    paths_after(code, "crate::")
+}
+
+/// Module paths named after `prefix` (`crate::`, `super::`) in `code`, groups spread out.
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + "crate::".len()..];
+    for (i, _) in code.match_indices(prefix) {
+        let rest = &code[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // `use crate::{a, b::{c, d}, e::f}`: the first segment of each entry at depth 0.
             let mut depth = 0;
@@ -102,10 +107,22 @@ fn graph(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
             }
         }
         if code.contains("super::") {
-            // A nested module's parent: `a/b.rs` → `a.rs` (or `a/mod.rs`).
+            // The module's parent: `a/b.rs` (module `a::b`) → `a`, and `super::c` → `a::c`:
+            // `a/c.rs`, else the parent's own file (an item of it).
             let rel = file.strip_prefix(src).expect("under src");
-            if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-                let segs: Vec<&str> = parent.iter().filter_map(|s| s.to_str()).collect();
+            let mut module: Vec<String> = rel
+                .with_extension("")
+                .iter()
+                .filter_map(|s| s.to_str().map(str::to_owned))
+                .collect();
+            if module.last().is_some_and(|m| m == "mod") {
+                module.pop();
+            }
+            module.pop();
+            let mut named = paths_after(code, "super::");
+            named.push(Vec::new());
+            for path in named {
+                let segs: Vec<&str> = module.iter().chain(&path).map(String::as_str).collect();
                 if let Some(dep) = module_file(src, &segs) {
                     deps.insert(dep);
                 }

@@ -205,7 +205,8 @@ pub struct Row {
     pub hist: Hist,
     /// `query` rows: the queries' seconds by part (on CPU, runnable, each wait event type)
     /// over the interval (`pgio_query_id_part_seconds`); `queue` rows: the seconds of queue
-    /// time blamed on each culprit (`pgio_block_io_queue_blame_seconds`).
+    /// time blamed on each culprit (`pgio_block_io_queue_blame_seconds`). Filled in by
+    /// `parts::attach`.
     #[serde(skip)]
     pub parts: BTreeMap<String, f64>,
 }
@@ -260,25 +261,11 @@ pub fn rows(
             out.entry((metric, key)).or_default().add(&hist);
         }
     }
-    let mut parts = if metrics.contains(&Metric::Query) {
-        super::parts::query_parts(before, after, filter, by)
-    } else {
-        BTreeMap::new()
-    };
-    let mut blame = if metrics.contains(&Metric::Queue) {
-        super::parts::queue_blame(before, after, filter, by)
-    } else {
-        BTreeMap::new()
-    };
     let mut rows: Vec<Row> = out
         .into_iter()
         .filter(|(_, h)| h.count() > 0)
         .map(|((metric, key), hist)| Row {
-            parts: match metric {
-                Metric::Query => parts.remove(&key).unwrap_or_default(),
-                Metric::Queue => blame.remove(&key).unwrap_or_default(),
-                _ => BTreeMap::new(),
-            },
+            parts: BTreeMap::new(),
             metric,
             key,
             hist,

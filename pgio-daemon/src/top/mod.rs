@@ -136,7 +136,7 @@ fn compute(args: &TopArgs, before: &Scrape, after: &Scrape) -> Interval {
         },
         None => Interval {
             seconds,
-            rows: interval::rows(before, after, &args.metrics(), &args.filter(), &args.by),
+            rows: parts::rows(before, after, &args.metrics(), &args.filter(), &args.by),
             layers: Vec::new(),
         },
     }

@@ -7,13 +7,41 @@ use std::collections::{BTreeMap, HashMap};
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as pb;
 
 use super::{
-    interval::{Filter, LabelKey, label, label_key},
+    interval::{Filter, LabelKey, Metric, Row, label, label_key},
     scrape::Scrape,
 };
 use crate::{query_id, queue_blame};
 
 /// Seconds per part, per row key.
 type Parts = BTreeMap<BTreeMap<String, String>, BTreeMap<String, f64>>;
+
+/// `interval::rows`, the `query` and `queue` ones with their parts over the interval.
+pub(super) fn rows(
+    before: &Scrape,
+    after: &Scrape,
+    metrics: &[Metric],
+    filter: &Filter,
+    by: &[String],
+) -> Vec<Row> {
+    let mut rows = super::interval::rows(before, after, metrics, filter, by);
+    let has = |m: Metric| metrics.contains(&m);
+    let (mut query, mut queue) = (Parts::new(), Parts::new());
+    if has(Metric::Query) {
+        query = query_parts(before, after, filter, by);
+    }
+    if has(Metric::Queue) {
+        queue = queue_blame(before, after, filter, by);
+    }
+    for r in &mut rows {
+        let parts = match r.metric {
+            Metric::Query => &mut query,
+            Metric::Queue => &mut queue,
+            _ => continue,
+        };
+        r.parts = parts.remove(&r.key).unwrap_or_default();
+    }
+    rows
+}
 
 /// Per row key of `query` rows (the labels in `by`), the seconds each part of the queries took
 /// over the interval.
