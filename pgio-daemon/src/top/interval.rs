@@ -206,7 +206,7 @@ pub struct Row {
     /// `query` rows: the queries' seconds by part (on CPU, runnable, each wait event type)
     /// over the interval (`pgio_query_id_part_seconds`); `queue` rows: the seconds of queue
     /// time blamed on each culprit (`pgio_block_io_queue_blame_seconds`). Filled in by
-    /// `parts::attach`.
+    /// `parts::rows`.
     #[serde(skip)]
     pub parts: BTreeMap<String, f64>,
 }
