@@ -140,7 +140,7 @@ mod before {
             ("role", l.role.as_str()),
             ("database", l.database.as_str()),
             ("user", l.user.as_str()),
-            ("cluster", l.cluster.as_str()),
+            ("pg_cluster", l.cluster.as_str()),
             ("volume", l.volume.as_str()),
         ]);
         for (slot, label) in out.iter_mut().zip(labels) {

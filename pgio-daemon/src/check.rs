@@ -172,13 +172,13 @@ pub fn privileges_of(effective: &caps::CapsHashSet) -> Vec<Finding> {
         (
             Capability::CAP_SYS_PTRACE,
             "read /proc/<pid>/cwd and exe of other users' processes",
-            "no `cluster` label from a data directory, `exe` rules do not match other users' \
+            "no `pg_cluster` label from a data directory, `exe` rules do not match other users' \
              processes, user/database names with spaces are split at the first space",
         ),
         (
             Capability::CAP_DAC_READ_SEARCH,
             "look into other users' 0700 directories, e.g. a PostgreSQL data directory",
-            "no `cluster` label from a data directory, user/database names with spaces are \
+            "no `pg_cluster` label from a data directory, user/database names with spaces are \
              split at the first space",
         ),
     ] {

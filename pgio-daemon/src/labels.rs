@@ -92,7 +92,7 @@ impl Labels {
             ("role", self.role.as_str()),
             ("database", self.database.as_str()),
             ("user", self.user.as_str()),
-            ("cluster", self.cluster.as_str()),
+            ("pg_cluster", self.cluster.as_str()),
             ("volume", volume),
             ("namespace", self.namespace.as_str()),
             ("pod", self.pod.as_str()),
@@ -186,7 +186,7 @@ mod tests {
         assert_eq!(names(l.pairs()), ["app", "role"]);
         l.volume = "pvc-a".into();
         l.cluster = "c".into();
-        assert_eq!(names(l.pairs()), ["app", "role", "cluster", "volume"]);
+        assert_eq!(names(l.pairs()), ["app", "role", "pg_cluster", "volume"]);
     }
 
     #[test]

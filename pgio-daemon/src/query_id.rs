@@ -384,7 +384,7 @@ impl Snapshot for QueryIdSnapshot {
         for ((cluster, database), n) in &self.in_rest {
             f.gauge(
                 [
-                    ("cluster", cluster.as_str()),
+                    ("pg_cluster", cluster.as_str()),
                     ("database", database.as_str()),
                 ],
                 *n as i64,

@@ -193,7 +193,7 @@ const CULPRIT_NAMES: [(&str, &str); 9] = [
     ("role", "culprit_role"),
     ("database", "culprit_database"),
     ("user", "culprit_user"),
-    ("cluster", "culprit_cluster"),
+    ("pg_cluster", "culprit_pg_cluster"),
     ("volume", "culprit_volume"),
     ("namespace", "culprit_namespace"),
     ("pod", "culprit_pod"),

@@ -447,7 +447,7 @@ fn daemonset_security_context_in_podman() {
         ("role", "client backend"),
         ("database", PG_DB),
         ("user", PG_USER),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
     ];
 
     let lo = LoopDevice::create(dir.path(), 64 << 20, true).expect("loop device");
@@ -476,7 +476,7 @@ fn daemonset_security_context_in_podman() {
         let labels = [
             ("app", "postgres"),
             ("role", role),
-            ("cluster", cluster.as_str()),
+            ("pg_cluster", cluster.as_str()),
         ];
         assert!(
             full.wait_tracked(&labels),
@@ -730,7 +730,7 @@ fn daemonset_security_context_in_podman() {
                 let m = pgio.scrape();
                 let with_cluster = m.sum(
                     "pgio_tracked_processes",
-                    &[("app", "postgres"), ("cluster", cluster.as_str())],
+                    &[("app", "postgres"), ("pg_cluster", cluster.as_str())],
                 );
                 assert_eq!(
                     with_cluster, 0.0,

@@ -699,7 +699,7 @@ fn every_panel_query_returns_data() {
     .collect();
     // Values of this scenario (other volumes or clusters on the machine may be offered too).
     let prefer: BTreeMap<&str, String> = [
-        ("cluster", cluster.clone()),
+        ("pg_cluster", cluster.clone()),
         ("namespace", NAMESPACE.to_owned()),
         ("pod", POD.to_owned()),
         ("volume", s.vol.volume().to_owned()),
@@ -777,7 +777,7 @@ fn every_panel_query_returns_data() {
     // The volume dashboard's cluster variable is derived from the volume's block IO: ours.
     let clusters = prom
         .label_values(
-            "cluster",
+            "pg_cluster",
             &[&format!(
                 "pgio_block_io_requests_total{{volume=\"{}\",app=\"postgres\"}}",
                 s.vol.volume()

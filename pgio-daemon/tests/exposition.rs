@@ -596,11 +596,11 @@ const NEWER_FAMILIES: [(&str, &str); 12] = [
     ("pgio_series_retired", "pgio_series_retired_total 0"),
     (
         "pgio_block_io_seconds",
-        r#"pgio_block_io_seconds_bucket{le="+Inf",device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",cluster="15/main",volume="pvc-b"} 1"#,
+        r#"pgio_block_io_seconds_bucket{le="+Inf",device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",pg_cluster="15/main",volume="pvc-b"} 1"#,
     ),
     (
         "pgio_block_io_lost_completions",
-        r#"pgio_block_io_lost_completions_total{device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",cluster="15/main",volume="pvc-b"} 3"#,
+        r#"pgio_block_io_lost_completions_total{device="sdb",op="read",app="postgres",role="client backend",database="we\"ird\nname\\ x",user="ünï 🐘",pg_cluster="15/main",volume="pvc-b"} 3"#,
     ),
     (
         "pgio_postgres_binaries_attached",
@@ -914,7 +914,7 @@ const SERIES_LABELS: [&str; 9] = [
     "role",
     "database",
     "user",
-    "cluster",
+    "pg_cluster",
     "volume",
     "namespace",
     "pod",

@@ -80,7 +80,7 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     let real_backend = [
         ("app", "postgres"),
         ("role", "client backend"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
     ];
     assert!(
         wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
@@ -120,8 +120,14 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
         "{anywhere} pread64 booked on database=postgres user=postgres"
     );
     assert_eq!(
-        after.sum("pgio_tracked_processes", &[("cluster", cluster.as_str())]),
-        before.sum("pgio_tracked_processes", &[("cluster", cluster.as_str())]),
+        after.sum(
+            "pgio_tracked_processes",
+            &[("pg_cluster", cluster.as_str())]
+        ),
+        before.sum(
+            "pgio_tracked_processes",
+            &[("pg_cluster", cluster.as_str())]
+        ),
         "the impostor is tracked in the real cluster"
     );
     impostor.end();
@@ -149,7 +155,7 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
             >= (FAKE_BACKENDS - PER_GROUP) as f64
     });
     let m = daemon.scrape();
-    let fake_dbs = values(&m, "database", &[("cluster", fake_cluster)]);
+    let fake_dbs = values(&m, "database", &[("pg_cluster", fake_cluster)]);
     assert!(
         refused_enough,
         "pgio_series_refused_total{{app=\"postgres\"}} = {}, want >= {}; {} databases of the made-up cluster have series",
@@ -184,7 +190,7 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     legit.send("select 1;").expect("query");
     let legit_labels = [
         ("role", "client backend"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
         ("database", "legit_new"),
     ];
     assert!(
@@ -233,7 +239,7 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     // second): wait for both (CI: one scrape in between counted 62 series against 19).
     let gone = wait_until(Duration::from_secs(60), Duration::from_millis(500), || {
         let m = daemon.scrape();
-        values(&m, "database", &[("cluster", fake_cluster)]).is_empty()
+        values(&m, "database", &[("pg_cluster", fake_cluster)]).is_empty()
             && values(&m, "volume", &[("app", "longhorn")]).is_empty()
             && m.sum("pgio_series", &[]) <= series_before + 3.0
     });
@@ -242,7 +248,7 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
         gone,
         "made-up series still exported {} s after their processes exited: {:?}",
         60,
-        values(&m, "database", &[("cluster", fake_cluster)])
+        values(&m, "database", &[("pg_cluster", fake_cluster)])
     );
     let series_after = m.sum("pgio_series", &[]);
     assert!(

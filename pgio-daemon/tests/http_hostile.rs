@@ -522,7 +522,7 @@ fn capabilities_are_dropped_and_uprobes_still_attach() {
     let labelled = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
         daemon.scrape().sum(
             "pgio_tracked_processes",
-            &[("role", "checkpointer"), ("cluster", cluster)],
+            &[("role", "checkpointer"), ("pg_cluster", cluster)],
         ) >= 1.0
     });
     let log = daemon.0.log_text();

@@ -158,7 +158,7 @@ fn a_made_up_cluster_cannot_fill_a_histogram_map() {
     let legit_labels = [
         ("app", "postgres"),
         ("role", "client backend"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
         ("database", "legit_new"),
     ];
     let legit_calls = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
@@ -181,7 +181,7 @@ fn a_made_up_cluster_cannot_fill_a_histogram_map() {
         "pgio_hist_map_owner_entries",
         &[("map", "syscall"), ("owner", &NOBODY.to_string())],
     );
-    let fake = [("cluster", attacker.data.to_str().expect("path"))];
+    let fake = [("pg_cluster", attacker.data.to_str().expect("path"))];
     let attacker_calls =
         m.sum("pgio_syscall_seconds_count", &fake) + m.sum("pgio_futex_wait_seconds_count", &fake);
     let nobody = NOBODY.to_string();

@@ -80,7 +80,7 @@ fn no_counter_steps_back_during_an_unprivileged_fork_burst() {
     let backend = [
         ("app", "postgres"),
         ("role", "client backend"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
     ];
     let relation_reads = delta(
         &before,
@@ -160,7 +160,7 @@ fn no_counter_steps_back_across_a_cluster_restart() {
     let checkpointer = [
         ("app", "postgres"),
         ("role", "checkpointer"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
     ];
     for round in 0..3 {
         write_all(&pg, round);

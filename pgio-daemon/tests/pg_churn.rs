@@ -68,7 +68,7 @@ fn new_backends_leave_the_provisional_series_quickly() {
         &before,
         &after,
         SYSCALLS,
-        &[("app", "postgres"), ("cluster", cluster)],
+        &[("app", "postgres"), ("pg_cluster", cluster)],
     );
     let starting = delta(
         &before,
@@ -77,7 +77,7 @@ fn new_backends_leave_the_provisional_series_quickly() {
         &[
             ("app", "postgres"),
             ("role", "starting"),
-            ("cluster", cluster),
+            ("pg_cluster", cluster),
         ],
     );
     let postmaster = delta(
@@ -87,7 +87,7 @@ fn new_backends_leave_the_provisional_series_quickly() {
         &[
             ("app", "postgres"),
             ("role", "postmaster"),
-            ("cluster", cluster),
+            ("pg_cluster", cluster),
         ],
     );
     let backends = delta(
@@ -97,7 +97,7 @@ fn new_backends_leave_the_provisional_series_quickly() {
         &[
             ("app", "postgres"),
             ("role", "client backend"),
-            ("cluster", cluster),
+            ("pg_cluster", cluster),
         ],
     );
     let untracked = delta(&before, &after, SYSCALLS, &[("app", "other")]);
@@ -143,7 +143,7 @@ fn new_backends_leave_the_provisional_series_quickly() {
         || {
             daemon.scrape().sum(
                 "pgio_tracked_processes",
-                &[("role", "starting"), ("cluster", cluster)],
+                &[("role", "starting"), ("pg_cluster", cluster)],
             ) == 0.0
         },
     );
@@ -157,7 +157,7 @@ fn new_backends_leave_the_provisional_series_quickly() {
     let missed = delta(&before, &settled, "pgio_exits_missed_total", &[]);
     let phantoms = settled.sum(
         "pgio_tracked_processes",
-        &[("role", "client backend"), ("cluster", cluster)],
+        &[("role", "client backend"), ("pg_cluster", cluster)],
     );
     eprintln!(
         "pg_churn: exits missed {missed}, client backends still tracked {}",

@@ -123,7 +123,7 @@ fn two_clusters_stay_apart() {
         assert_eq!(
             m.sum(
                 "pgio_tracked_processes",
-                &[("role", "postmaster"), ("cluster", c.label.as_str())]
+                &[("role", "postmaster"), ("pg_cluster", c.label.as_str())]
             ),
             1.0,
             "the postmaster of {} carries its cluster label",
@@ -188,7 +188,7 @@ fn a_postmaster_slow_to_start_is_labelled_by_its_first_auxiliary_process() {
         m = daemon.scrape();
         m.sum(
             "pgio_tracked_processes",
-            &[("role", "postmaster"), ("cluster", label.as_str())],
+            &[("role", "postmaster"), ("pg_cluster", label.as_str())],
         ) == 1.0
             && m.sum("pgio_provisional_processes", &[]) == 0.0
     });
@@ -197,7 +197,7 @@ fn a_postmaster_slow_to_start_is_labelled_by_its_first_auxiliary_process() {
             "pgio_tracked_processes",
             &[("app", "postgres"), ("role", "postmaster")],
         )
-        .filter(|s| s.value > 0.0 && !s.labels.contains_key("cluster"))
+        .filter(|s| s.value > 0.0 && !s.labels.contains_key("pg_cluster"))
         .count();
     pg.stop().expect("stop");
     let _ = strace.wait();
@@ -214,7 +214,7 @@ fn a_postmaster_slow_to_start_is_labelled_by_its_first_auxiliary_process() {
 fn by_cluster(m: &Metrics) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for s in m.matching("pgio_tracked_processes", &[("app", "postgres")]) {
-        let c = s.labels.get("cluster").cloned().unwrap_or_default();
+        let c = s.labels.get("pg_cluster").cloned().unwrap_or_default();
         *out.entry(c).or_default() += s.value;
     }
     out.retain(|_, v| *v > 0.0);
@@ -247,7 +247,7 @@ fn scan_in(daemon: &Daemon, c: &Cluster, other: &Cluster) {
                 ("device", c.lo.name()),
                 ("op", "read"),
                 ("role", "client backend"),
-                ("cluster", cluster),
+                ("pg_cluster", cluster),
             ],
         )
     };
@@ -259,7 +259,7 @@ fn scan_in(daemon: &Daemon, c: &Cluster, other: &Cluster) {
             &[
                 ("app", "postgres"),
                 ("role", "client backend"),
-                ("cluster", cluster),
+                ("pg_cluster", cluster),
             ],
         )
     };
@@ -290,7 +290,7 @@ fn scan_in(daemon: &Daemon, c: &Cluster, other: &Cluster) {
             &after,
             "pgio_block_io_requests_total",
             &[("device", c.lo.name()), ("op", "read")],
-            &["app", "role", "cluster"],
+            &["app", "role", "pg_cluster"],
         ),
         losses(&before, &after),
     );

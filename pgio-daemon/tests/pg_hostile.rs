@@ -184,7 +184,7 @@ fn tracked_client_backends(m: &Metrics, cluster: &str) -> BTreeMap<(String, Stri
         &[
             ("app", "postgres"),
             ("role", "client backend"),
-            ("cluster", cluster),
+            ("pg_cluster", cluster),
         ],
     ) {
         if s.value > 0.0 {

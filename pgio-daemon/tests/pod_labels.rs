@@ -406,7 +406,7 @@ fn a_postgres_cluster_in_a_pod_labels_its_backends() {
         .samples("pgio_tracked_processes")
         .filter(|s| {
             s.labels.get("app").is_some_and(|a| a == "postgres")
-                && s.labels.get("cluster").is_some_and(|c| *c == data_dir)
+                && s.labels.get("pg_cluster").is_some_and(|c| *c == data_dir)
                 && !s.labels.contains_key("pod")
                 && s.value > 0.0
         })

@@ -33,7 +33,7 @@ impl Setup {
             ("role", "client backend"),
             ("database", DB),
             ("user", USER),
-            ("cluster", &self.cluster),
+            ("pg_cluster", &self.cluster),
         ]
     }
 
@@ -227,7 +227,7 @@ fn pgbench_modes(major: u32, port: u16) {
                 &before,
                 &after,
                 "pgio_query_seconds_count",
-                &[("cluster", &s.cluster)],
+                &[("pg_cluster", &s.cluster)],
                 &["role", "database", "user", "wire"]
             ),
             losses(&before, &after)
@@ -317,7 +317,7 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         ("role", "client backend"),
         ("database", "postgres"),
         ("user", "postgres"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
     ];
     // The set-up's queries are booked first: a CPU that never idles books its queries' run
     // only once it is 1 s old (with both CPUs busy, 2-3 queries fell in the window).
@@ -338,7 +338,7 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         &before,
         &after,
         "pgio_syscall_seconds_sum",
-        &[("role", "io worker"), ("cluster", cluster.as_str())],
+        &[("role", "io worker"), ("pg_cluster", cluster.as_str())],
     );
     let misses = d("pgio_query_cache_misses_total");
     let reads = delta(

@@ -107,7 +107,7 @@ fn pg15_new_connections_first_round_trip_counted_under_load() {
         let backend = [
             ("app", "postgres"),
             ("role", "client backend"),
-            ("cluster", cluster.as_str()),
+            ("pg_cluster", cluster.as_str()),
         ];
         // The last backends' queries reach the rows within a second (their CPU's run).
         pgio_testkit::wait_until(
@@ -122,7 +122,7 @@ fn pg15_new_connections_first_round_trip_counted_under_load() {
             &before,
             &after,
             QUERIES,
-            &[("cluster", cluster.as_str())],
+            &[("pg_cluster", cluster.as_str())],
             &["role", "database", "user"],
         );
         eprintln!(

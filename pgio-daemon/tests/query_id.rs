@@ -34,7 +34,7 @@ fn q(pg: &PgCluster, sql: &str) -> String {
 /// Query count and IO seconds per `queryid` label of the session's series.
 fn per_id(m: &Metrics, cluster: &str) -> BTreeMap<String, (f64, f64)> {
     let labels = [
-        ("cluster", cluster),
+        ("pg_cluster", cluster),
         ("database", DB),
         ("role", "client backend"),
     ];
@@ -105,7 +105,7 @@ fn run(major: u32, port: u16, max_ids: usize) {
     let mut session = pg.session(DB, "postgres").expect("session");
     session.send("select 1;").expect("send");
     let series = [
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
         ("database", DB),
         ("role", "client backend"),
     ];
@@ -178,7 +178,7 @@ fn run(major: u32, port: u16, max_ids: usize) {
         .iter()
         .map(|sc| {
             let l = [
-                ("cluster", cluster.as_str()),
+                ("pg_cluster", cluster.as_str()),
                 ("database", DB),
                 ("role", "client backend"),
                 ("syscall", sc),
@@ -262,7 +262,7 @@ fn run(major: u32, port: u16, max_ids: usize) {
         assert_eq!(
             after.sum(
                 "pgio_query_id_rest_ids",
-                &[("cluster", &cluster), ("database", DB)]
+                &[("pg_cluster", &cluster), ("database", DB)]
             ),
             f64::from(TABLES - own + 1),
             "{name}: ids in (rest)"

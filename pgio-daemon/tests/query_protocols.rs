@@ -45,7 +45,7 @@ impl Case {
             ("role", "client backend"),
             ("database", DB),
             ("user", "postgres"),
-            ("cluster", &self.cluster),
+            ("pg_cluster", &self.cluster),
             ("wire", wire),
         ]
     }
@@ -440,7 +440,7 @@ fn protocols(major: u32, port: u16, config: &str) {
     }
     std::thread::sleep(Duration::from_millis(1500));
     let after = c.daemon().scrape();
-    let all = [("cluster", c.cluster.as_str())];
+    let all = [("pg_cluster", c.cluster.as_str())];
     assert_eq!(
         delta(&before, &after, "pgio_query_seconds_count", &all),
         0.0,

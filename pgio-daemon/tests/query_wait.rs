@@ -33,7 +33,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// The session's series (all client backends of `waits`).
 fn series(cluster: &str) -> [(&str, &str); 3] {
     [
-        ("cluster", cluster),
+        ("pg_cluster", cluster),
         ("database", DB),
         ("role", "client backend"),
     ]
@@ -346,7 +346,7 @@ fn reads_under_the_client(
         after.sum(family, labels) - before.sum(family, labels)
     };
     let of = |family: &str, role: &str| {
-        let mut l = vec![("cluster", cluster), ("role", role)];
+        let mut l = vec![("pg_cluster", cluster), ("role", role)];
         if family == "pgio_relation_io_bytes_total" {
             l.push(("relation", "public.big"));
         }

@@ -109,7 +109,7 @@ fn ten_thousand_tables_stay_within_the_caps() {
         after = daemon.scrape();
         after.sum(
             "pgio_relation_rest_relations",
-            &[("cluster", cluster.as_str())],
+            &[("pg_cluster", cluster.as_str())],
         ) > 0.0
             && backend_reads(&after) - backend_reads(&before)
                 >= syscall_reads(&after) - syscall_reads(&before)
@@ -118,7 +118,7 @@ fn ten_thousand_tables_stay_within_the_caps() {
         m.sum(
             FAMILY,
             &[
-                ("cluster", cluster.as_str()),
+                ("pg_cluster", cluster.as_str()),
                 ("role", "client backend"),
                 ("relation", relation),
                 ("syscall", "pread64"),
@@ -127,13 +127,13 @@ fn ten_thousand_tables_stay_within_the_caps() {
     };
     let own: std::collections::BTreeSet<String> = after
         .samples(FAMILY)
-        .filter(|s| s.labels.get("cluster") == Some(&cluster))
+        .filter(|s| s.labels.get("pg_cluster") == Some(&cluster))
         .filter_map(|s| s.labels.get("relation").cloned())
         .filter(|r| !r.starts_with('('))
         .collect();
     let in_rest = after.sum(
         "pgio_relation_rest_relations",
-        &[("cluster", cluster.as_str())],
+        &[("pg_cluster", cluster.as_str())],
     );
     let entries = after.sum("pgio_hist_map_entries", &[("map", "relation")]);
     let max_entries = after.sum("pgio_hist_map_max_entries", &[("map", "relation")]);
@@ -179,7 +179,7 @@ fn ten_thousand_tables_stay_within_the_caps() {
 fn backend_relation_reads(m: &Metrics, cluster: &str) -> f64 {
     m.samples(FAMILY)
         .filter(|s| {
-            s.labels.get("cluster").map(String::as_str) == Some(cluster)
+            s.labels.get("pg_cluster").map(String::as_str) == Some(cluster)
                 && s.labels.get("role").map(String::as_str) == Some("client backend")
                 && s.labels.get("syscall").map(String::as_str) == Some("pread64")
         })
@@ -244,7 +244,7 @@ fn many_sessions_keep_their_open_files_named() {
         m.sum(
             FAMILY,
             &[
-                ("cluster", cluster.as_str()),
+                ("pg_cluster", cluster.as_str()),
                 ("role", "client backend"),
                 ("relation", "(other)"),
                 ("syscall", "pread64"),
@@ -285,7 +285,7 @@ fn backend_syscall_reads(m: &Metrics, cluster: &str) -> f64 {
     m.sum(
         "pgio_syscall_seconds_count",
         &[
-            ("cluster", cluster),
+            ("pg_cluster", cluster),
             ("role", "client backend"),
             ("syscall", "pread64"),
         ],

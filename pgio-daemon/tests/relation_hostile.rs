@@ -69,7 +69,7 @@ fn hostile_catalog_files_leave_files_unnamed_and_count() {
     let on = |m: &Metrics, relation: &str| {
         m.sum(
             FAMILY,
-            &[("relation", relation), ("cluster", cluster.as_str())],
+            &[("relation", relation), ("pg_cluster", cluster.as_str())],
         )
     };
 

@@ -81,7 +81,7 @@ fn case(major: u32, n: u16) {
         || stat("select idx_blks_read from pg_statio_user_indexes where indexrelname = 'a_g'");
     // This cluster only: other tests' clusters may run beside it.
     let pgdata = fs.path().join("pgdata").to_string_lossy().into_owned();
-    let cluster = ("cluster", pgdata.as_str());
+    let cluster = ("pg_cluster", pgdata.as_str());
     let on = |m: &Metrics, family: &str, relation: &str, role: &str| {
         m.sum(family, &[("relation", relation), ("role", role), cluster])
     };
@@ -119,7 +119,7 @@ fn case(major: u32, n: u16) {
     };
     let unnamed = |m: &Metrics| {
         m.samples(FAMILY)
-            .filter(|s| s.labels.get("cluster").is_some_and(|c| *c == pgdata))
+            .filter(|s| s.labels.get("pg_cluster").is_some_and(|c| *c == pgdata))
             .filter(|s| {
                 s.labels
                     .get("relation")
@@ -347,7 +347,7 @@ fn pg15_files_opened_before_pgio_started_are_named() {
             &[
                 ("relation", relation),
                 ("role", BACKEND),
-                ("cluster", cluster.as_str()),
+                ("pg_cluster", cluster.as_str()),
             ],
         )
     };
@@ -357,7 +357,12 @@ fn pg15_files_opened_before_pgio_started_are_named() {
     let top = std::process::Command::new(env!("CARGO_BIN_EXE_pgio-daemon"))
         .args(["top", "--once", "--json", "--interval", "6", "--url"])
         .arg(format!("{}/metrics", daemon.url()))
-        .args(["--by", "database,relation", "--cluster", cluster.as_str()])
+        .args([
+            "--by",
+            "database,relation",
+            "--pg-cluster",
+            cluster.as_str(),
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

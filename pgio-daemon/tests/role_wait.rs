@@ -31,7 +31,7 @@ fn schedstat(pid: u32) -> (f64, f64) {
 }
 
 fn waits(m: &Metrics, cluster: &str, role: &str, part: Option<&str>) -> f64 {
-    let mut l = vec![("cluster", cluster), ("role", role)];
+    let mut l = vec![("pg_cluster", cluster), ("role", role)];
     if let Some(p) = part {
         l.push(("part", p));
     }
@@ -135,7 +135,7 @@ fn pg18_waits_of_background_processes() {
                 m.sum(
                     "pgio_syscall_seconds_sum",
                     &[
-                        ("cluster", cluster.as_str()),
+                        ("pg_cluster", cluster.as_str()),
                         ("role", "client backend"),
                         ("syscall", s),
                     ],
@@ -169,7 +169,7 @@ fn pg18_waits_of_background_processes() {
                 m.sum(
                     "pgio_syscall_seconds_sum",
                     &[
-                        ("cluster", cluster.as_str()),
+                        ("pg_cluster", cluster.as_str()),
                         ("role", "checkpointer"),
                         ("syscall", s),
                     ],

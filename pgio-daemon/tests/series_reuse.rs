@@ -39,7 +39,7 @@ fn round_reads(m: &Metrics, cluster: &str, round: usize) -> f64 {
     let prefix = format!("r{round}db");
     m.matching(
         "pgio_syscall_seconds_count",
-        &[("cluster", cluster), ("syscall", "pread64")],
+        &[("pg_cluster", cluster), ("syscall", "pread64")],
     )
     .filter(|s| {
         s.labels
@@ -180,7 +180,7 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
     let backend = [
         ("app", "postgres"),
         ("role", "client backend"),
-        ("cluster", cluster.as_str()),
+        ("pg_cluster", cluster.as_str()),
     ];
     let tracked = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
         daemon.scrape().sum("pgio_tracked_processes", &backend) >= 1.0
@@ -197,7 +197,7 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
          starting processes {}",
         m.sum(
             "pgio_tracked_processes",
-            &[("cluster", cluster.as_str()), ("role", "starting")]
+            &[("pg_cluster", cluster.as_str()), ("role", "starting")]
         )
     );
     assert!(
@@ -218,7 +218,7 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
     assert_eq!(
         m.sum(
             "pgio_tracked_processes",
-            &[("cluster", cluster.as_str()), ("role", "starting")]
+            &[("pg_cluster", cluster.as_str()), ("role", "starting")]
         ),
         0.0
     );

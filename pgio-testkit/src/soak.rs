@@ -432,7 +432,11 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         for role in AUXILIARY {
             let n = m.sum(
                 "pgio_tracked_processes",
-                &[("app", "postgres"), ("role", role), ("cluster", &cluster)],
+                &[
+                    ("app", "postgres"),
+                    ("role", role),
+                    ("pg_cluster", &cluster),
+                ],
             );
             if n != 1.0 {
                 failures.push(format!(

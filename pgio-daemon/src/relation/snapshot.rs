@@ -158,7 +158,7 @@ impl Snapshot for RelationSnapshot {
         }
         let mut f = enc.family(&RELATION_REST);
         for (cluster, n) in &in_rest {
-            f.gauge([("cluster", cluster.as_str())], *n as i64);
+            f.gauge([("pg_cluster", cluster.as_str())], *n as i64);
         }
         let mut f = enc.family(&RELATION_CATALOG_ERRORS);
         f.counter((), read_errors);

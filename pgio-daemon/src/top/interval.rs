@@ -334,7 +334,7 @@ pub fn volume_layers(
     };
     let mut pg = vec![("app", "postgres"), ("cache", "miss")];
     if let Some(c) = cluster {
-        pg.push(("cluster", c));
+        pg.push(("pg_cluster", c));
     }
     let is_pread = |l: &[pb::LabelPair]| PREADS.contains(&label(l, "syscall"));
     let on_volume_device = |l: &[pb::LabelPair]| devices.iter().any(|d| d == label(l, "device"));

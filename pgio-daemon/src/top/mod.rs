@@ -66,7 +66,8 @@ pub struct TopArgs {
     pub app: Option<String>,
     #[arg(long)]
     pub role: Option<String>,
-    #[arg(long)]
+    /// A PostgreSQL cluster (the `pg_cluster` label).
+    #[arg(long = "pg-cluster", alias = "cluster")]
     pub cluster: Option<String>,
     #[arg(long)]
     pub database: Option<String>,
@@ -105,7 +106,7 @@ impl TopArgs {
         let pairs = [
             ("app", &self.app),
             ("role", &self.role),
-            ("cluster", &self.cluster),
+            ("pg_cluster", &self.cluster),
             ("database", &self.database),
             ("device", &self.device),
             ("volume", &self.volume),

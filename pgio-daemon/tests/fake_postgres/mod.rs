@@ -98,7 +98,7 @@ pub fn fake_postmasters(m: &Metrics) -> f64 {
         "pgio_tracked_processes",
         &[("app", "postgres"), ("role", "postmaster")],
     )
-    .filter(|s| !s.labels.contains_key("cluster"))
+    .filter(|s| !s.labels.contains_key("pg_cluster"))
     .map(|s| s.value)
     .sum()
 }
