@@ -4,7 +4,9 @@
 //! A request is never dropped in silence: one whose completion pgio never sees (the kernel
 //! skips its program for ~1 in 1,000-10,000 completions, see README) is counted `Lost`.
 //! Bio-based disks (`dm-N`, md, zram) get no request events: their bios are joined instead,
-//! `block_bio_queue` (submitter's context) → `block_bio_complete`, on the same map.
+//! `block_bio_queue` (submitter's context) → `block_bio_complete`, on the same map. The
+//! programs of the hooks queue blame rides too are in the hook table (`hooks.rs`), which
+//! calls this module's handler and then its `RequestRiders`.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::BPF_NOEXIST,
@@ -21,9 +23,24 @@ use pgio_common::{
     queue_blame::QueueBlameMark,
 };
 
-use crate::{
-    atomic::atomic_add, drops, hist, kernel_offsets::offsets, queue_blame, syscall, tracked,
-};
+use crate::{atomic::atomic_add, drops, hist, kernel_offsets::offsets, syscall, tracked};
+
+/// What rides on a request's events after this family's own booking: the second column of
+/// the hook table's block rows (`hooks.rs`, which defines these hooks' programs). Each is
+/// handed the request's in-flight entry, so a rider needs no lookup of its own.
+pub trait RequestRiders {
+    /// A new request, its mark in `mark` (its entry's, or the copy about to be inserted);
+    /// it waits on `wait_dev` (0: it does not) since `submitted_ns`.
+    ///
+    /// SAFETY: `mark` points to an in-flight map value's mark or a stack copy.
+    unsafe fn started(mark: *mut QueueBlameMark, wait_dev: u32, submitted_ns: u64);
+    /// Issued by `dev` at `now`.
+    ///
+    /// SAFETY: as `started`.
+    unsafe fn issued(mark: *mut QueueBlameMark, series: SeriesId, dev: u32, op: u8, now: u64);
+    /// A request (not a bio) of `series` completed by `dev` after `device_ns` on it.
+    fn completed(series: SeriesId, dev: u32, device_ns: u64, now: u64);
+}
 
 /// In-flight requests by `struct request *` (bios of bio-based disks by `struct bio *`). A
 /// request's entry outlives it: blk-mq allocates a disk's `struct request`s once and reuses
@@ -185,20 +202,20 @@ impl Fresh {
 /// A new in-flight entry, made whole (no lookup after it): written in place into the entry the
 /// same `struct request` left idle, else inserted. An entry still issued lost its completion.
 #[inline(always)]
-fn start(rq: u64, v: Fresh) {
+fn start<R: RequestRiders>(rq: u64, v: Fresh) {
     if let Some(old) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) {
         // SAFETY: map value pointer; only this request's own events touch it (and the sweep,
         // which reads it, and deletes it once lost).
         unsafe {
             lost_if_issued(&*old);
             v.write(old);
-            queue_blame::mark(&raw mut (*old).blame, v.wait_dev, v.submitted_ns());
+            R::started(&raw mut (*old).blame, v.wait_dev, v.submitted_ns());
         }
         return;
     }
     let mut e = v.entry();
     // SAFETY: a stack copy's mark.
-    unsafe { queue_blame::mark(&raw mut e.blame, v.wait_dev, v.submitted_ns()) };
+    unsafe { R::started(&raw mut e.blame, v.wait_dev, v.submitted_ns()) };
     if BLOCK_IO_INFLIGHT
         .insert(&rq, &e, BPF_NOEXIST as u64)
         .is_err()
@@ -237,7 +254,7 @@ fn entry(rq: u64) -> Option<*mut BlockIoInflight> {
 /// in the submitter's context, so this is where a tracked thread's read becomes a page cache
 /// miss (without it every read there counted as a hit).
 #[inline(always)]
-fn first_seen(rq: u64, mut v: Fresh) {
+fn first_seen<R: RequestRiders>(rq: u64, mut v: Fresh) {
     v.series = current_series();
     if v.series.is_tracked() {
         syscall::mark_block_io();
@@ -246,7 +263,7 @@ fn first_seen(rq: u64, mut v: Fresh) {
             v.wait_dev = device_and_op(rq).map_or(0, |(dev, _)| dev);
         }
     }
-    start(rq, v);
+    start::<R>(rq, v);
 }
 
 /// The `struct request *` of `block_rq_insert`, `_issue` and `_requeue`: before 5.11 their
@@ -261,9 +278,9 @@ fn rq_arg(ctx: &BtfTracePointContext) -> u64 {
     }
 }
 
-/// Runs in the submitter's context (kernel >= 6.5).
-#[btf_tracepoint(function = "block_io_start")]
-pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
+/// `block_io_start`: runs in the submitter's context (kernel >= 6.5).
+#[inline(always)]
+pub fn io_start<R: RequestRiders>(ctx: &BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let series = current_series();
     let mut v = fresh(series, unsafe { bpf_ktime_get_ns() }, 0, 0);
@@ -271,17 +288,17 @@ pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
         // Its wait starts now; `rq->q->disk` is set when a request is allocated.
         v.wait_dev = device_and_op(rq).map_or(0, |(dev, _)| dev);
     }
-    start(rq, v);
+    start::<R>(rq, v);
     if series.is_tracked() {
         syscall::mark_block_io();
     }
     0
 }
 
-/// Only requests that go through a scheduler queue (or a requeue) get here.
-#[btf_tracepoint(function = "block_rq_insert")]
-pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
-    let rq = rq_arg(&ctx);
+/// `block_rq_insert`: only requests that go through a scheduler queue (or a requeue).
+#[inline(always)]
+pub fn rq_insert<R: RequestRiders>(ctx: &BtfTracePointContext) -> i32 {
+    let rq = rq_arg(ctx);
     let now = unsafe { bpf_ktime_get_ns() };
     match entry(rq) {
         // SAFETY: map value pointer; a racing completion can at worst make this entry stale.
@@ -290,16 +307,16 @@ pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
                 (*e).insert_ns = now;
             }
         },
-        None => first_seen(rq, fresh(SeriesId::UNTRACKED, 0, now, 0)),
+        None => first_seen::<R>(rq, fresh(SeriesId::UNTRACKED, 0, now, 0)),
     }
     0
 }
 
-/// Keeps the device and op with the entry, for a request whose completion never comes (the
-/// completion reads its own).
-#[btf_tracepoint(function = "block_rq_issue")]
-pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
-    let rq = rq_arg(&ctx);
+/// `block_rq_issue`: keeps the device and op with the entry, for a request whose completion
+/// never comes (the completion reads its own).
+#[inline(always)]
+pub fn rq_issue<R: RequestRiders>(ctx: &BtfTracePointContext) -> i32 {
+    let rq = rq_arg(ctx);
     let now = unsafe { bpf_ktime_get_ns() };
     let (dev, op) = device_and_op(rq).unwrap_or((0, BlockOp::Other));
     match entry(rq) {
@@ -308,9 +325,9 @@ pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
             (*e).dev = dev;
             (*e).op = op as u8;
             (*e).issue_ns = now;
-            queue_blame::issued(&raw mut (*e).blame, (*e).series, dev, op as u8, now);
+            R::issued(&raw mut (*e).blame, (*e).series, dev, op as u8, now);
         },
-        None => first_seen(
+        None => first_seen::<R>(
             rq,
             Fresh {
                 dev,
@@ -369,23 +386,11 @@ fn bio_based_device(bio: u64) -> Option<(u32, BlockOp, u32)> {
     }
 }
 
-/// A bio submitted to a disk, in the submitter's context; the kernel traces each bio's
-/// submission once, and then its completion.
-#[btf_tracepoint(function = "block_bio_queue")]
-pub fn block_bio_queue(ctx: BtfTracePointContext) -> i32 {
-    bio_queued(ctx.arg(0))
-}
-
-/// The same hook before Linux 5.11, `(struct request_queue *q, struct bio *bio)`; userspace
-/// attaches one of the two. (One program choosing the argument by a global compiles to an
-/// offset context pointer, which 5.10's verifier rejects.)
-#[btf_tracepoint(function = "block_bio_queue")]
-pub fn block_bio_queue_before_5_11(ctx: BtfTracePointContext) -> i32 {
-    bio_queued(ctx.arg(1))
-}
-
+/// `block_bio_queue`: a bio submitted to a disk, in the submitter's context; the kernel traces
+/// each bio's submission once, and then its completion. Before Linux 5.11 the bio is the
+/// second argument (`hooks.rs` has a program for each).
 #[inline(always)]
-fn bio_queued(bio: u64) -> i32 {
+pub fn bio_queued<R: RequestRiders>(bio: u64) -> i32 {
     let Some((dev, op, bytes)) = bio_based_device(bio) else {
         return 0;
     };
@@ -407,7 +412,7 @@ fn bio_queued(bio: u64) -> i32 {
         .insert(&bio, &v.entry(), BPF_NOEXIST as u64)
         .is_err()
     {
-        start(bio, v);
+        start::<R>(bio, v);
     }
     // A read that reaches a bio-based disk missed the page cache, whatever its disks below do
     // (dm-delay, for one, submits to them from a kernel worker).
@@ -430,7 +435,7 @@ pub fn block_bio_complete(ctx: BtfTracePointContext) -> i32 {
     if BLOCK_IO_INFLIGHT.remove(&bio) == Err(-ENOENT) {
         return 0;
     }
-    complete(|| None, e, now, e.bytes, false);
+    complete::<NoRiders>(|| None, e, now, e.bytes, false);
     0
 }
 
@@ -468,7 +473,7 @@ unsafe fn observe(r: *mut BlockIoRow, m: usize, ns: u64) {
 /// `dev_op`: reads the request's device and op, for an entry that lacks them (a request never
 /// seen issued); a bio's entry (`None`) has everything from its submission.
 #[inline(always)]
-fn complete(
+fn complete<R: RequestRiders>(
     dev_op: impl FnOnce() -> Option<(u32, BlockOp)>,
     mut e: BlockIoInflight,
     now: u64,
@@ -496,10 +501,9 @@ fn complete(
         e.dev = dev;
         e.op = op as u8;
     }
-    // A request's device time moves its device's blame clock (a bio-based disk has no queue
-    // to wait in).
+    // A bio-based disk has no queue to wait in: only requests go to the riders.
     if request {
-        queue_blame::completed(e.series, e.dev, now.wrapping_sub(e.issue_ns), now);
+        R::completed(e.series, e.dev, now.wrapping_sub(e.issue_ns), now);
     }
     let Some(r) = row(e.series, e.dev, e.op) else {
         return;
@@ -539,8 +543,8 @@ fn first_arg(ctx: &BtfTracePointContext) -> u64 {
 }
 
 /// `block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes)`.
-#[btf_tracepoint(function = "block_rq_complete")]
-pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
+#[inline(always)]
+pub fn rq_complete<R: RequestRiders>(ctx: &BtfTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let rq: u64 = ctx.arg(0);
     let nr_bytes: u32 = ctx.arg(2);
@@ -549,7 +553,7 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
     // and op, which only a request pgio did not see issued needs, are read after it from the
     // pointer loaded from the context again.
     let left: u32 = unsafe { read(rq + offsets().request_data_len as u64) }.unwrap_or(0);
-    let dev_op = || device_and_op(first_arg(&ctx));
+    let dev_op = || device_and_op(first_arg(ctx));
     let Some(e) = BLOCK_IO_INFLIGHT.get_ptr_mut(&rq) else {
         unmatched(dev_op());
         return 0;
@@ -571,8 +575,17 @@ pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
         copy
     };
     let nr_bytes = nr_bytes.wrapping_add(e.bytes);
-    complete(dev_op, e, now, nr_bytes, true);
+    complete::<R>(dev_op, e, now, nr_bytes, true);
     0
 }
 
 const ENOENT: i32 = 2;
+
+/// A bio's completion has no riders (`complete` calls none for it).
+struct NoRiders;
+
+impl RequestRiders for NoRiders {
+    unsafe fn started(_: *mut QueueBlameMark, _: u32, _: u64) {}
+    unsafe fn issued(_: *mut QueueBlameMark, _: SeriesId, _: u32, _: u8, _: u64) {}
+    fn completed(_: SeriesId, _: u32, _: u64, _: u64) {}
+}

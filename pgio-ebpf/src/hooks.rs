@@ -1,13 +1,16 @@
 //! The hook table: the programs of the kernel hooks that more than one family rides on, each
 //! calling its families in order. A family that needs one of these hooks adds its line here;
 //! no family calls into another's module (`thread` and `tracked` below them hold what they
-//! all read). Two exceptions, each a family's second key rather than a hook's rider:
-//! `query_id`, which books the runs `query` moves into its rows, from `query` itself; and
-//! `queue_blame`, which `block_io` calls at a request's start, issue and completion, its mark
-//! living in the request's in-flight entry (no lookup of its own).
+//! all read). One exception, a family's second key rather than a hook's rider: `query_id`,
+//! which books the runs `query` moves into its rows, from `query` itself. The block hooks'
+//! riders (`BlockRiders`) are handed the request's in-flight entry by `block_io`, so they need
+//! no lookup of their own.
 //!
 //! | hook | families, in order |
 //! |---|---|
+//! | `block_io_start`, `block_rq_insert`, `block_bio_queue` | block_io (the submitter, the times), queue_blame (a tracked request's wait starts: its mark) |
+//! | `block_rq_issue` | block_io (device and op), queue_blame (the wait is shared out among the culprits) |
+//! | `block_rq_complete` | block_io (device, queue and whole time), queue_blame (the device's clock moves) |
 //! | `sys_exit_<IO syscall>` | syscall (latency), query (IO time of the running query), relation (per file) |
 //! | `sys_enter_<IO syscall>` | syscall (the start), io_worker (an io worker's call booked under the backend served) |
 //! | `sched_switch` | query_wait (a query thread's blocked intervals), role_wait (the other PostgreSQL processes' waits), query (this CPU's runs), syscall (the thread's call in progress) |
@@ -18,9 +21,65 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use pgio_common::syscall::{Cache, Syscall};
+use pgio_common::{
+    SeriesId,
+    queue_blame::QueueBlameMark,
+    syscall::{Cache, Syscall},
+};
 
-use crate::{lifecycle, query, query_id, query_wait, relation, role_wait, syscall};
+use crate::{
+    block_io, lifecycle, query, query_id, query_wait, queue_blame, relation, role_wait, syscall,
+};
+
+/// The block hooks' riders, after `block_io`.
+struct BlockRiders;
+
+impl block_io::RequestRiders for BlockRiders {
+    unsafe fn started(mark: *mut QueueBlameMark, wait_dev: u32, submitted_ns: u64) {
+        unsafe { queue_blame::mark(mark, wait_dev, submitted_ns) }
+    }
+
+    unsafe fn issued(mark: *mut QueueBlameMark, series: SeriesId, dev: u32, op: u8, now: u64) {
+        unsafe { queue_blame::issued(mark, series, dev, op, now) }
+    }
+
+    fn completed(series: SeriesId, dev: u32, device_ns: u64, now: u64) {
+        queue_blame::completed(series, dev, device_ns, now);
+    }
+}
+
+#[btf_tracepoint(function = "block_io_start")]
+pub fn block_io_start(ctx: BtfTracePointContext) -> i32 {
+    block_io::io_start::<BlockRiders>(&ctx)
+}
+
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn block_rq_insert(ctx: BtfTracePointContext) -> i32 {
+    block_io::rq_insert::<BlockRiders>(&ctx)
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn block_rq_issue(ctx: BtfTracePointContext) -> i32 {
+    block_io::rq_issue::<BlockRiders>(&ctx)
+}
+
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn block_rq_complete(ctx: BtfTracePointContext) -> i32 {
+    block_io::rq_complete::<BlockRiders>(&ctx)
+}
+
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue(ctx: BtfTracePointContext) -> i32 {
+    block_io::bio_queued::<BlockRiders>(ctx.arg(0))
+}
+
+/// The same hook before Linux 5.11, `(struct request_queue *q, struct bio *bio)`; userspace
+/// attaches one of the two. (One program choosing the argument by a global compiles to an
+/// offset context pointer, which 5.10's verifier rejects.)
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_before_5_11(ctx: BtfTracePointContext) -> i32 {
+    block_io::bio_queued::<BlockRiders>(ctx.arg(1))
+}
 
 /// An IO syscall's exit: its latency, then the running query's IO time and its file's row.
 #[inline(always)]

@@ -1,7 +1,8 @@
 //! Queue blame's kernel side (`pgio_common::queue_blame` has the rule). It rides the block
-//! family's request entry: a tracked request's wait takes a copy of its device's clock when it
-//! starts (`mark`), is shared out at its issue (`issued`), and every completed request, anyone's,
-//! moves the clock (`completed`). No program of its own, no lookup of the in-flight map.
+//! hooks (`hooks.rs`), handed each request's in-flight entry by `block_io`: a tracked request's
+//! wait takes a copy of its device's clock when it starts (`mark`), is shared out at its issue
+//! (`issued`), and every completed request, anyone's, moves the clock (`completed`). No program
+//! of its own, no lookup of the in-flight map.
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap},
