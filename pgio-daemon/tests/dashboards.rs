@@ -8,7 +8,10 @@
 //!
 //! `every_panel_query_returns_data` (root): the Longhorn stand-in (2 replicas, the volume's
 //! loop device given mq-deadline like a real Longhorn SCSI disk), ext4 and PostgreSQL 15 on
-//! it, pgio (`bpf_stats = true`) and a real Prometheus scraping pgio every second. A
+//! it, pgio (`bpf_stats = true`) and two real Prometheus scraping pgio every second, one
+//! keeping classic histograms, one native histograms only (`_bucket`, `_sum`, `_count` are not
+//! there: every panel but the heatmaps must still have data, read with `histogram_sum`,
+//! `histogram_count`, `histogram_quantile` on the native series, joined with `or`). A
 //! CHECKPOINT, `pgbench -S` at 1,000 tps for 15 s from a cold cache, `pgbench -N` for 3 s (WAL
 //! flushes, WALWriteLock waits), another CHECKPOINT. Then every dashboard's variables are
 //! resolved through Prometheus' API as Grafana does (`label_values(...)` → the label values
@@ -49,6 +52,10 @@ const MAY_BE_EMPTY: &[(&str, &str, &str, &str)] = &[(
     "B",
     "a lost completion is the kernel skipping pgio's program (README), 0 in most windows",
 )];
+
+/// Why a heatmap is empty on a Prometheus that keeps native histograms only.
+const NATIVE_HEATMAPS: &str = "heatmaps draw the classic `le` buckets (README: keep them next \
+     to native ones); every other panel reads native histograms too";
 
 /// Heatmap panels each dashboard must have (dashboard uid, title): the latency distributions a
 /// user reads like bpftrace's log2 histograms.
@@ -622,6 +629,9 @@ fn every_panel_query_returns_data() {
     );
     let target = daemon.url.trim_start_matches("http://").to_owned();
     let prom = Prometheus::start("pgio", &[&target]).expect("prometheus");
+    // The same scrapes kept as native histograms only (no `_bucket`, `_sum`, `_count` series).
+    let native = Prometheus::start_with("pgio", &[&target], &["native-histograms"])
+        .expect("prometheus, native histograms");
     let prom_start = unix_now();
     s.pg.start().expect("start cold");
     // As if the kubelet had started it there: the running cluster moves in, children follow.
@@ -644,8 +654,10 @@ fn every_panel_query_returns_data() {
     daemon
         .wait_tracked("longhorn", "replica")
         .expect("replicas");
-    prom.wait_up("pgio", Duration::from_secs(20))
-        .expect("prometheus scrapes pgio");
+    for p in [&prom, &native] {
+        p.wait_up("pgio", Duration::from_secs(20))
+            .expect("prometheus scrapes pgio");
+    }
     // A connected client at query time (for the tracked-processes panels).
     let _session = s.pg.session("postgres", "postgres").expect("psql session");
     // A series counts for rate() from its second sample on: this first checkpoint creates the
@@ -717,51 +729,70 @@ fn every_panel_query_returns_data() {
     let mut empty_as_allowed = Vec::new();
     let mut listed_but_data = Vec::new();
     let mut n_queries = 0;
-    for name in DASHBOARDS {
-        let d = load(name);
-        let heatmaps: BTreeSet<&str> = panels(&d)
-            .into_iter()
-            .filter(|p| str_of(p, "type") == Some("heatmap"))
-            .filter_map(|p| str_of(p, "title"))
-            .collect();
-        for concrete in [false, true] {
-            let vars = resolve_variables(&prom, &d, &builtins, &prefer, concrete, &mut report);
-            for (title, r, expr) in targets(&d) {
-                let q = interpolate(&expr, &vars)
-                    .unwrap_or_else(|e| panic!("{name}: {title:?} {r}: {e}"));
-                n_queries += 1;
-                let res = match prom.query(&q, Some(at)) {
-                    Ok(res) => res,
-                    Err(e) => {
-                        failures.push(format!("{name} / {title} / {r}: {e:#}\n    {q}"));
+    // The native one really keeps no classic series: every histogram reading there goes
+    // through the native alternative.
+    let buckets = |p: &Prometheus| {
+        p.query(r#"count({__name__=~"pgio_.+_bucket"})"#, Some(at))
+            .expect("count buckets")
+            .first()
+            .map_or(0.0, |s| s.value)
+    };
+    let (classic_buckets, native_buckets) = (buckets(&prom), buckets(&native));
+    eprintln!("_bucket series: classic {classic_buckets}, native-only {native_buckets}");
+    assert!(classic_buckets > 0.0 && native_buckets == 0.0);
+    for (mode, prom) in [("classic", &prom), ("native", &native)] {
+        for name in DASHBOARDS {
+            let d = load(name);
+            let heatmaps: BTreeSet<&str> = panels(&d)
+                .into_iter()
+                .filter(|p| str_of(p, "type") == Some("heatmap"))
+                .filter_map(|p| str_of(p, "title"))
+                .collect();
+            for concrete in [false, true] {
+                let vars = resolve_variables(prom, &d, &builtins, &prefer, concrete, &mut report);
+                for (title, r, expr) in targets(&d) {
+                    let q = interpolate(&expr, &vars)
+                        .unwrap_or_else(|e| panic!("{name}: {title:?} {r}: {e}"));
+                    n_queries += 1;
+                    let name = format!("{mode}: {name}");
+                    let res = match prom.query(&q, Some(at)) {
+                        Ok(res) => res,
+                        Err(e) => {
+                            failures.push(format!("{name} / {title} / {r}: {e:#}\n    {q}"));
+                            continue;
+                        }
+                    };
+                    if concrete {
                         continue;
                     }
-                };
-                if concrete {
-                    continue;
-                }
-                if heatmaps.contains(title.as_str())
-                    && let Err(e) = heatmap_shape(&res)
-                {
-                    failures.push(format!("{name} / {title} / {r}: heatmap: {e}\n    {q}"));
-                }
-                let finite: Vec<_> = res.iter().filter(|s| s.value.is_finite()).collect();
-                let allowed = MAY_BE_EMPTY
-                    .iter()
-                    .find(|(u, t, rr, _)| *u == name && *t == title && *rr == r);
-                let first = finite.first().map(|s| {
-                    let labels: Vec<String> =
-                        s.labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
-                    format!("{{{}}} {:.6e}", labels.join(","), s.value)
-                });
-                report.push(format!(
-                    "{name} / {title} / {r}: {} series, {} finite{}",
-                    res.len(),
-                    finite.len(),
-                    first.map_or(String::new(), |f| format!(", e.g. {f}"))
-                ));
-                match (finite.is_empty(), allowed) {
-                    (true, Some((_, _, _, why))) => {
+                    let heatmap = heatmaps.contains(title.as_str());
+                    if heatmap
+                        && mode == "classic"
+                        && let Err(e) = heatmap_shape(&res)
+                    {
+                        failures.push(format!("{name} / {title} / {r}: heatmap: {e}\n    {q}"));
+                    }
+                    let finite: Vec<_> = res.iter().filter(|s| s.value.is_finite()).collect();
+                    let allowed = MAY_BE_EMPTY
+                        .iter()
+                        .find(|(u, t, rr, _)| {
+                            name.ends_with(&format!(": {u}")) && *t == title && *rr == r
+                        })
+                        .map(|(_, _, _, why)| *why)
+                        .or((heatmap && mode == "native").then_some(NATIVE_HEATMAPS));
+                    let first = finite.first().map(|s| {
+                        let labels: Vec<String> =
+                            s.labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+                        format!("{{{}}} {:.6e}", labels.join(","), s.value)
+                    });
+                    report.push(format!(
+                        "{name} / {title} / {r}: {} series, {} finite{}",
+                        res.len(),
+                        finite.len(),
+                        first.map_or(String::new(), |f| format!(", e.g. {f}"))
+                    ));
+                    match (finite.is_empty(), allowed) {
+                    (true, Some(why)) => {
                         empty_as_allowed.push(format!("{name} / {title} / {r}: {why}"))
                     }
                     (true, None) => failures.push(format!(
@@ -770,6 +801,7 @@ fn every_panel_query_returns_data() {
                     )),
                     (false, Some(_)) => listed_but_data.push(format!("{name} / {title} / {r}")),
                     (false, None) => {}
+                }
                 }
             }
         }
