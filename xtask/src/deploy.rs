@@ -506,6 +506,7 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
                                 &["username", "password"]),
             "honorLabels": {"type": "boolean"},
             "relabelings": {"type": "array", "items": relabel_config},
+            "metricRelabelings": {"type": "array", "items": relabel_config},
         }),
         &["port"],
     );
@@ -522,6 +523,7 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
             "spec": closed(json!({
                 "selector": closed(json!({"matchLabels": labels}), &["matchLabels"]),
                 "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": endpoint},
+                "sampleLimit": {"type": "integer", "minimum": 1},
             }), &["selector", "podMetricsEndpoints"]),
         }),
         &["apiVersion", "kind", "metadata", "spec"],

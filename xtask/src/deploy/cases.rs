@@ -273,6 +273,8 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
          labels, and `kubectl delete -k` would delete it): components/namespace does"
     );
 
+    scrape_limits(t, p, newest)?;
+
     let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
     let r = helm_template(
         t.helm,
@@ -291,6 +293,44 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
         "NetworkPolicy and debugfs tracefs: Helm and kustomize agree; components/namespace \
          labels {NAMESPACE} privileged; image.digest renders {image}"
     ));
+    Ok(())
+}
+
+/// podMonitor.sampleLimit, relabelings (after pgio's own) and metricRelabelings reach the
+/// PodMonitor as given.
+fn scrape_limits(t: &Tools, p: &Paths, newest: &str) -> Result<()> {
+    let r = helm_template(
+        t.helm,
+        p,
+        newest,
+        &[
+            "podMonitor.enabled=true",
+            "podMonitor.sampleLimit=20000",
+            "podMonitor.relabelings[0].action=replace",
+            "podMonitor.relabelings[0].targetLabel=cluster",
+            "podMonitor.relabelings[0].replacement=prod-eu",
+            "podMonitor.metricRelabelings[0].action=drop",
+            "podMonitor.metricRelabelings[0].sourceLabels[0]=__name__",
+            "podMonitor.metricRelabelings[0].regex=pgio_(relation_io|query_id|query_id_io)_seconds_bucket",
+        ],
+        &[],
+        "helm-scrape-limits",
+    )?;
+    t.kubeconform(newest, &r)?;
+    let pm = only(&r, "PodMonitor")?;
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    let relabelings = ep["relabelings"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        pm["spec"]["sampleLimit"] == 20000
+            && relabelings.len() == 3
+            && relabelings[0]["action"] == "labeldrop"
+            && relabelings[2]["targetLabel"] == "cluster"
+            && ep["metricRelabelings"][0]["sourceLabels"][0] == "__name__",
+        "{}: sampleLimit, relabelings (pgio's two, then the value's) or metricRelabelings not \
+         as set: {pm}",
+        r.what
+    );
+    step("podMonitor.sampleLimit, relabelings and metricRelabelings render as set");
     Ok(())
 }
 
