@@ -11,6 +11,8 @@ use crate::{
     kernel_offsets, map_memory, probes, tracefs,
 };
 
+pub mod restrictions;
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum Level {
     Ok,
@@ -37,6 +39,7 @@ fn finding(level: Level, what: impl Into<String>) -> Finding {
 pub fn run_checks(possible_cpus: Option<u32>) -> Vec<Finding> {
     let mut out = Vec::new();
     out.extend(privileges());
+    out.extend(restrictions::findings());
     let btf = if Path::new(btf::VMLINUX).exists() {
         match KernelBtf::open() {
             Ok(b) => {
@@ -80,6 +83,13 @@ pub fn run_checks(possible_cpus: Option<u32>) -> Vec<Finding> {
                 format!("tracefs mounted at {}", r.display()),
             ));
             Some(r)
+        }
+        None if crate::lockdown::mode() == Some(crate::lockdown::Lockdown::Confidentiality) => {
+            out.push(finding(
+                Level::Fail,
+                "tracefs: its events/ cannot be read under lockdown=confidentiality (above)",
+            ));
+            None
         }
         None => {
             out.push(finding(

@@ -31,6 +31,7 @@ pub mod key_owners;
 pub mod key_quota;
 pub mod labels;
 pub mod lifecycle;
+pub mod lockdown;
 pub mod log2_hist;
 pub mod map_memory;
 pub mod maps;

@@ -229,10 +229,8 @@ struct PerfEventAttr {
 /// `perf_event_open` of a disabled, user-only uprobe on `path` for this thread; the errno, or
 /// None if it was created (then closed again).
 fn perf_open_uprobe(pmu: u32, path: &std::ffi::CStr) -> Option<i32> {
-    const DISABLED: u64 = 1;
     const EXCLUDE_KERNEL: u64 = 1 << 5;
     const EXCLUDE_HV: u64 = 1 << 6;
-    const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
     let attr = PerfEventAttr {
         type_: pmu,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
@@ -240,13 +238,39 @@ fn perf_open_uprobe(pmu: u32, path: &std::ffi::CStr) -> Option<i32> {
         config1: path.as_ptr() as u64,
         ..Default::default()
     };
-    // SAFETY: a valid attr of the size given; `path` outlives the call.
+    // `path` outlives the call.
+    perf_open(&attr, 0, -1)
+}
+
+/// `perf_event_open` of a disabled software event for every task on CPU 0, as a tracepoint
+/// probe is opened: the errno, or None if the kernel allowed it (the event is closed again).
+/// What it asks is what `perf_event_paranoid` and the capabilities decide, nothing more.
+pub fn perf_open_system_wide() -> Option<i32> {
+    const PERF_TYPE_SOFTWARE: u32 = 1;
+    const PERF_COUNT_SW_DUMMY: u64 = 9;
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_DUMMY,
+        flags: DISABLED,
+        ..Default::default()
+    };
+    perf_open(&attr, -1, 0)
+}
+
+const DISABLED: u64 = 1;
+
+/// `perf_event_open(attr, pid, cpu)`: the errno, or None if the event was created (and is
+/// closed again at once).
+fn perf_open(attr: &PerfEventAttr, pid: libc::pid_t, cpu: libc::c_int) -> Option<i32> {
+    const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+    // SAFETY: a valid attr of the size it gives; pointers in it are the caller's, live.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            0 as libc::pid_t,
-            -1 as libc::c_int,
+            attr as *const PerfEventAttr,
+            pid,
+            cpu,
             -1 as libc::c_int,
             PERF_FLAG_FD_CLOEXEC,
         )

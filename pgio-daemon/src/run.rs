@@ -44,6 +44,12 @@ pub fn require_privileges() -> Result<()> {
             check::Level::Ok => {}
         }
     }
+    // The kernel's own limits: the probes they refuse show in pgio_probe_attached.
+    for f in check::restrictions::findings() {
+        if f.level != check::Level::Ok {
+            warn!("{}", f.what);
+        }
+    }
     if missing.is_empty() {
         Ok(())
     } else {

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
+use crate::lockdown::{self, LOCKDOWN, Lockdown};
+
 const CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
 pub fn root() -> Option<PathBuf> {
@@ -17,6 +19,15 @@ pub fn root() -> Option<PathBuf> {
 pub fn ensure_mounted() -> Result<PathBuf> {
     if let Some(root) = root() {
         return Ok(root);
+    }
+    if lockdown::mode() == Some(Lockdown::Confidentiality) {
+        anyhow::bail!(
+            "kernel lockdown=confidentiality refuses tracefs ({LOCKDOWN}; no events/ readable \
+             under {} or {}): pgio's tracepoints cannot attach; boot the node with \
+             lockdown=integrity or without lockdown",
+            CANDIDATES[0],
+            CANDIDATES[1]
+        );
     }
     // SAFETY: constant NUL-terminated strings, no data argument.
     let rc = unsafe {

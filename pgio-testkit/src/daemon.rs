@@ -88,10 +88,13 @@ impl Daemon {
             _dir: dir,
         };
         let healthz = format!("{}/healthz", d.url);
+        // Until it answers, or exits (then no need to wait the minute out).
+        let mut exited = false;
         let up = wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
-            http_get(&healthz, Duration::from_secs(2)).is_ok()
+            exited = matches!(d.child.try_wait(), Ok(Some(_)));
+            exited || http_get(&healthz, Duration::from_secs(2)).is_ok()
         });
-        if !up {
+        if !up || exited {
             let status = d.child.try_wait()?;
             bail!(
                 "pgio-daemon did not come up (status {status:?}); log:\n{}",

@@ -130,6 +130,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "longhorn_stack",
     "iscsi",
     "device_mapper",
+    "platform",
 ];
 
 const INIT_SH: &str = include_str!("integration/init.sh");
@@ -144,6 +145,8 @@ pub struct Options {
     pub run_if_check_fails: bool,
     /// Possible CPUs of the guest (`-smp 2,maxcpus=N`; arm64 has 2, no CPU hotplug).
     pub max_cpus: u32,
+    /// More kernel command line (after the architecture's own).
+    pub append: String,
     /// The guests' architecture (every kernel of `kernels` has it).
     pub arch: Arch,
 }
@@ -210,6 +213,7 @@ pub fn ci_options(tests: &[&str]) -> Result<Options> {
         update_kernels: false,
         run_if_check_fails: false,
         max_cpus: DEFAULT_MAX_CPUS,
+        append: String::new(),
         arch: Arch::Amd64,
     })
 }
@@ -963,7 +967,15 @@ fn run_kernel(
         .arg(&initrd)
         // panic=-1 + -no-reboot: a panic ends qemu at once.
         .arg("-append")
-        .arg(format!("console={} panic=-1 {}", guest.console, guest.append).trim_end());
+        .arg(
+            format!(
+                "console={} panic=-1 {} {}",
+                guest.console, guest.append, opts.append
+            )
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        );
     for (tag, path) in &shares {
         qemu.arg("-fsdev")
             .arg(format!(

@@ -148,6 +148,10 @@ enum Cmd {
         /// memory follows possible CPUs, so every guest is a big node by default.
         #[arg(long, default_value_t = integration::DEFAULT_MAX_CPUS)]
         max_cpus: u32,
+        /// More kernel command line for the guests, e.g. `lockdown=confidentiality` or
+        /// `sysctl.kernel.perf_event_paranoid=3` (Linux takes `sysctl.*` there since 5.8).
+        #[arg(long, default_value = "")]
+        append: String,
         /// The guests' architecture: amd64 (qemu-system-x86_64 on the host's root filesystem)
         /// or arm64 (qemu-system-aarch64 -M virt, cross-compiled binaries, a root filesystem
         /// unpacked from Debian's arm64 packages; 2 possible CPUs, no hotplug).
@@ -206,6 +210,7 @@ fn real_main() -> Result<()> {
             update_kernels,
             run_if_check_fails,
             max_cpus,
+            append,
             arch,
         } => {
             let tests = if tests.is_empty() {
@@ -224,6 +229,7 @@ fn real_main() -> Result<()> {
                 update_kernels,
                 run_if_check_fails,
                 max_cpus,
+                append,
                 arch,
             };
             integration::integration(&root, setup.skip_setup, &opts)

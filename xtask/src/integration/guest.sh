@@ -39,6 +39,7 @@ chown postgres:postgres /run/postgresql 2>/dev/null
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+mount -t securityfs securityfs /sys/kernel/security 2>/dev/null
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 ip link set lo up
 hostname pgio-guest
@@ -70,6 +71,9 @@ esac
     echo "kernel $(uname -r)"
     echo "cpus $(nproc)"
     echo "possible cpus $(cat /sys/devices/system/cpu/possible)"
+    echo "cmdline $(cat /proc/cmdline)"
+    echo "perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid)"
+    echo "lockdown $(cat /sys/kernel/security/lockdown 2>/dev/null || echo absent)"
 } >/results/guest-info
 "$PGIO_DAEMON" check >/results/check.log 2>&1
 check_rc=$?
