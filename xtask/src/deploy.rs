@@ -38,6 +38,7 @@ use serde_json::{Map, Value, json};
 use crate::util::{describe, fmt_duration, output, run, step, target_dir};
 
 mod cases;
+mod openshift;
 mod psa;
 mod rules;
 
@@ -532,6 +533,7 @@ fn write_crd_schemas(out: &Path) -> Result<PathBuf> {
     fs::write(&file, serde_json::to_vec_pretty(&schema)?)
         .with_context(|| format!("writing {}", file.display()))?;
     rules::write_schema(&dir)?;
+    openshift::write_schema(&dir)?;
     Ok(dir)
 }
 

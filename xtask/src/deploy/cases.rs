@@ -24,7 +24,7 @@ pub(super) struct Tools<'a> {
 }
 
 impl Tools<'_> {
-    fn kubeconform(&self, version: &str, r: &Render) -> Result<()> {
+    pub(super) fn kubeconform(&self, version: &str, r: &Render) -> Result<()> {
         kubeconform_check(self.kubeconform, self.schemas, self.crd_schemas, version, r)
     }
 }
@@ -274,6 +274,7 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
     );
 
     scrape_limits(t, p, newest)?;
+    super::openshift::check(t, p, newest, version)?;
 
     let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
     let r = helm_template(
