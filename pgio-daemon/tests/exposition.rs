@@ -997,7 +997,7 @@ fn docs_metrics_md_is_the_catalog_of_every_declared_family() {
          --test exposition` rewrites this file, and the test fails when it is out of date). \
          Histograms are served classic (`_bucket`, `_sum`, `_count`) and, to protobuf \
          scrapers, native. **series** stands for the labels of the process series that did \
-         the IO: `app`, `role`, `database`, `user`, `cluster`, `volume`, `namespace`, `pod`, \
+         the IO: `app`, `role`, `database`, `user`, `pg_cluster`, `volume`, `namespace`, `pod`, \
          `container`, each left out when empty ([labels and bounds](labels-and-bounds.md)).\n\n\
          | metric | type | labels | help |\n|---|---|---|---|\n",
     );

@@ -1,5 +1,5 @@
 //! Two PostgreSQL clusters on one node stay apart: cluster A is PostgreSQL 15 without
-//! `cluster_name` (its `cluster` label is its data directory), cluster B is PostgreSQL 17 with
+//! `cluster_name` (its `pg_cluster` label is its data directory), cluster B is PostgreSQL 17 with
 //! `cluster_name = 'bravo'`. Each has its data on its own loop device. Both are started after
 //! pgio, so the postmasters come in through exec and learn their label from their children.
 //!

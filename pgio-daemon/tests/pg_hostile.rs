@@ -176,7 +176,7 @@ fn unhex(h: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
-/// Client backends of the cluster whose label is `cluster` (others may run on the machine).
+/// Client backends whose `pg_cluster` is `cluster` (others may run on the machine).
 fn tracked_client_backends(m: &Metrics, cluster: &str) -> BTreeMap<(String, String), f64> {
     let mut out = BTreeMap::new();
     for s in m.matching(

@@ -255,6 +255,7 @@ pub fn check(root: &Path) -> Result<()> {
     agree(&helm_web, &kust_web)?;
     cases::refusals(&tools, &p)?;
     cases::extras(&tools, &p, newest, &version)?;
+    openshift::check(&tools, &p, newest, &version)?;
     psa::check(
         &p,
         &[

@@ -19,6 +19,7 @@ pub fn findings() -> Vec<Finding> {
     ]
 }
 
+/// `read`: /sys/kernel/security/lockdown's text, or why it could not be read.
 pub fn lockdown_finding(read: io::Result<String>) -> Finding {
     let text = match read {
         Ok(t) => t,
@@ -28,7 +29,7 @@ pub fn lockdown_finding(read: io::Result<String>) -> Finding {
                 Level::Ok,
                 format!(
                     "lockdown: {LOCKDOWN} absent (no lockdown LSM, or securityfs not mounted \
-                     here); under lockdown=confidentiality pgio's programs fail to load"
+                     here); under lockdown=confidentiality tracefs is refused and pgio cannot run"
                 ),
             );
         }

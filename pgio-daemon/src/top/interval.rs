@@ -306,7 +306,7 @@ pub(super) fn label<'a>(labels: &'a [pb::LabelPair], name: &str) -> &'a str {
 
 const PREADS: [&str; 3] = ["pread64", "preadv", "preadv2"];
 
-/// PostgreSQL's reads that missed the page cache (of `cluster`, if given), the volume's
+/// PostgreSQL's reads that missed the page cache (of `pg_cluster`, if given), the volume's
 /// device, the replicas' preads, and the replicas' backing disks.
 pub fn volume_layers(
     before: &Scrape,

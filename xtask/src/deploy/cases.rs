@@ -274,7 +274,6 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
     );
 
     scrape_limits(t, p, newest)?;
-    super::openshift::check(t, p, newest, version)?;
 
     let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
     let r = helm_template(
