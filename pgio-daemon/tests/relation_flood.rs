@@ -193,10 +193,10 @@ const SESSIONS: u32 = 20;
 const SESSION_TABLES: u32 = 400;
 
 /// Many backends, each with hundreds of files open at once, all read twice: every read is
-/// booked under its file, not `(other)`. Fds share `RELATION_FDS` sets of 4 slots, the one
-/// used longest ago taken first. Direct-mapped (`FD_WAYS = 1`, one slot per hash, as before),
-/// 814 of 14,315 reads (5.7 %) went to `(other)` in this test: their fds had lost their slot
-/// to another live one. With sets: 0 of 14,327.
+/// booked under its file, not `(other)`. An fd may take a slot in either of two sets of 4
+/// (`fd_sets`), in the one with more room. Direct-mapped (one slot per hash), 814 of 14,315
+/// reads (5.7 %) went to `(other)` here; one set of 4, 0 here but 284 of 15,498 (1.83 %) in a
+/// CI run, by the pids drawn; two sets, 0 of 16,476.
 #[test]
 fn many_sessions_keep_their_open_files_named() {
     if !require_root("many_sessions_keep_their_open_files_named") {
@@ -270,10 +270,10 @@ fn many_sessions_keep_their_open_files_named() {
         "{all} reads: the second pass did not read past shared buffers"
     );
     assert_eq!(named, all, "reads booked on relations vs pread64 calls");
-    // Placed at random, 8,400 fds in 4,096 sets of 4 would leave ~3.7 % without a slot
-    // (Poisson, λ = 2); consecutive pids and fds spread more evenly than that.
+    // Simulated with the kernel's hashes and choice (60 draws of 20 pids): at most 2 of the
+    // 8,400 fds lose their slot (0.024 %), each one second-pass read; one set of 4 loses 2–5 %.
     assert!(
-        other <= 0.01 * all,
+        other <= 0.001 * all,
         "{other} of {all} reads booked on (other): fds lost their slots"
     );
     daemon.stop().expect("daemon stop");

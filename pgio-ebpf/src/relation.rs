@@ -1,10 +1,9 @@
 //! IO per PostgreSQL relation file (issue 31): a tracked process' `openat` names the file
 //! (`pgio_common::relation::parse_path`) and leaves it in a slot of `RELATION_FDS` tagged
-//! `(tgid, fd)`, one of its set's four (`pick_way`); each timed read, write or sync on that fd
-//! then also counts under the file: in a row of the slot itself (up to four array lookups and
-//! tag compares, atomic adds), or, when
-//! the slot's row for that cache outcome holds another (series, syscall) or the series is
-//! provisional, in `RELATION_HIST`. A call on an fd without its slot (opened before pgio
+//! `(tgid, fd)`, one of the eight of its two sets (`pick_way`); each timed read, write or sync
+//! on that fd then also counts under the file: in a row of the slot itself (up to eight array
+//! lookups and tag compares, atomic adds), or, when the slot's row for that cache outcome
+//! holds another (series, syscall) or the series is provisional, in `RELATION_HIST`. A call on an fd without its slot (opened before pgio
 //! attached, or a slot another open took) counts as `(other)`.
 use aya_ebpf::{
     bindings::BPF_F_MMAPABLE,
@@ -17,10 +16,10 @@ use pgio_common::{
     CHILD_SERIES_MAX, SeriesId,
     hist::{Bucket, slot},
     relation::{
-        FD_CLOSED, FD_ROWS, FD_SLOTS, FD_UNKNOWN, FD_WAYS, FOLDS_FINISHED, FOLDS_STARTED, FdRow,
-        FdSlot, OPEN_MAX, PATH_MAX_PARSED, ParseScratch, ParseState, QUOTA, ROW_SLOTS, RelFile,
-        RelationKey, fd_row_of, fd_set, fd_tag, finish, parse_byte, pick_way, row_slot,
-        slot_of_row,
+        FD_CANDIDATES, FD_CLOSED, FD_ROWS, FD_SLOTS, FD_UNKNOWN, FOLDS_FINISHED, FOLDS_STARTED,
+        FdRow, FdSlot, OPEN_MAX, PATH_MAX_PARSED, ParseScratch, ParseState, QUOTA, ROW_SLOTS,
+        RelFile, RelationKey, fd_candidate, fd_row_of, fd_sets, fd_tag, finish, parse_byte,
+        pick_way, row_slot, slot_of_row,
     },
     syscall::{Cache, RowTag, SyscallStart},
 };
@@ -119,21 +118,21 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let fd = ret as u16;
-    let (set, mine) = (fd_set(tgid, fd), fd_tag(tgid, fd));
-    let mut tags = [0u64; FD_WAYS as usize];
-    let mut last = [0u64; FD_WAYS as usize];
-    for way in 0..FD_WAYS {
-        let Some(s) = RELATION_FDS.get_ptr_mut(set + way) else {
+    let (sets, mine) = (fd_sets(tgid, fd), fd_tag(tgid, fd));
+    let mut tags = [0u64; FD_CANDIDATES];
+    let mut last = [0u64; FD_CANDIDATES];
+    for i in 0..FD_CANDIDATES {
+        let Some(s) = RELATION_FDS.get_ptr_mut(fd_candidate(&sets, i)) else {
             return 0;
         };
         // SAFETY: a map value (see below on concurrent writers).
         unsafe {
-            tags[way as usize] = core::ptr::read_volatile(&(*s).tag);
-            last[way as usize] = (*s).last_ns;
+            tags[i] = core::ptr::read_volatile(&(*s).tag);
+            last[i] = (*s).last_ns;
         }
     }
-    let way = pick_way(&tags, &last, mine, |t| tracked::series_of(t).is_some()) as u32;
-    let Some(s) = RELATION_FDS.get_ptr_mut(set + (way & (FD_WAYS - 1))) else {
+    let way = pick_way(&tags, &last, mine, |t| tracked::series_of(t).is_some());
+    let Some(s) = RELATION_FDS.get_ptr_mut(fd_candidate(&sets, way & (FD_CANDIDATES - 1))) else {
         return 0;
     };
     // SAFETY: a map value. Tag cleared first and set last: a reader on another CPU (another
@@ -231,12 +230,12 @@ fn book(key: &RelationKey, v: &Bucket) {
     }
 }
 
-/// The slot of its set that `(tgid, fd)` holds.
+/// The slot of its two sets that `(tgid, fd)` holds.
 #[inline(always)]
 fn slot_of(tgid: u32, fd: u16) -> Option<*mut FdSlot> {
-    let (set, mine) = (fd_set(tgid, fd), fd_tag(tgid, fd));
-    for way in 0..FD_WAYS {
-        let fs = RELATION_FDS.get_ptr_mut(set + way)?;
+    let (sets, mine) = (fd_sets(tgid, fd), fd_tag(tgid, fd));
+    for i in 0..FD_CANDIDATES {
+        let fs = RELATION_FDS.get_ptr_mut(fd_candidate(&sets, i))?;
         // SAFETY: a map value (see `sys_exit_openat` on a concurrent writer).
         if unsafe { core::ptr::read_volatile(&(*fs).tag) } == mine {
             return Some(fs);

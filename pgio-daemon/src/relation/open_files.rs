@@ -17,7 +17,8 @@ use std::{
 
 use aya::maps::{Array, MapData};
 use pgio_common::relation::{
-    FD_WAYS, FdSlot, PATH_MAX_PARSED, RelFile, fd_set, fd_tag, parse_path, pick_way,
+    FD_CANDIDATES, FdSlot, PATH_MAX_PARSED, RelFile, fd_candidate, fd_sets, fd_tag, parse_path,
+    pick_way,
 };
 
 /// Fds looked at per process.
@@ -94,7 +95,7 @@ fn tablespaces(pid: u32) -> Vec<Tablespace> {
 }
 
 /// Writes the slots of `pid`'s open files beneath its data directory; returns how many.
-/// A slot is chosen in its set as the kernel's `openat` does (`pick_way`; `alive`: whether a
+/// A slot is chosen of its two sets as the kernel's `openat` does (`pick_way`; `alive`: whether a
 /// process is still tracked). `taking` sees each slot before it is written (its rows may
 /// hold another fd's counts).
 pub fn seed(
@@ -122,24 +123,22 @@ pub fn seed(
         let Some(file) = file_of(&data_dir, &tablespaces, &link) else {
             continue;
         };
-        let (set, tag) = (fd_set(pid, fd), fd_tag(pid, fd));
-        let mut ways = [FdSlot::default(); FD_WAYS as usize];
-        for (way, slot) in (set..).zip(ways.iter_mut()) {
-            *slot = fds.get(&way, 0).unwrap_or_default();
-        }
-        let (tags, last) = (ways.map(|s| s.tag), ways.map(|s| s.last_ns));
+        let (sets, tag) = (fd_sets(pid, fd), fd_tag(pid, fd));
+        let index: [u32; FD_CANDIDATES] = std::array::from_fn(|i| fd_candidate(&sets, i));
+        let slots = index.map(|i| fds.get(&i, 0).unwrap_or_default());
+        let (tags, last) = (slots.map(|s| s.tag), slots.map(|s| s.last_ns));
         if tags.contains(&tag) {
             continue; // named by the kernel since
         }
         let way = pick_way(&tags, &last, tag, &alive);
-        taking(&ways[way]);
+        taking(&slots[way]);
         let named = FdSlot {
             tag,
             last_ns: crate::block_io::monotonic_ns(),
             file,
             ..FdSlot::default()
         };
-        if fds.set(set + way as u32, named, 0).is_ok() {
+        if fds.set(index[way], named, 0).is_ok() {
             seeded += 1;
         }
     }
