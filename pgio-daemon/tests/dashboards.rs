@@ -20,7 +20,8 @@
 //! the targets in [`MAY_BE_EMPTY`], each with its reason — return at least one series with a
 //! finite value, and a heatmap target one cumulative series per `le` up to `+Inf` with
 //! observations. Once with the variables' defaults ("All" where offered), and once more,
-//! parse-only, with one concrete value each. `--nocapture` prints every target's result.
+//! parse-only, with one concrete value each. Every recording rule of deploy/mixin returns data
+//! on both Prometheus too. `--nocapture` prints every target's result.
 //! `PGIO_DASHBOARDS_HOLD_SECS=<n>` keeps everything up for n seconds before the queries and
 //! prints Prometheus' address, to try queries by hand.
 
@@ -589,6 +590,25 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+/// deploy/mixin/pgio-rules.yaml's recording rules: (record, expr).
+fn recording_rules() -> Vec<(String, String)> {
+    let file = dashboards_dir().join("../deploy/mixin/pgio-rules.yaml");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let doc: Value = serde_yaml_ng::from_str(&text).expect("pgio-rules.yaml");
+    let rules: Vec<(String, String)> = array_of(&doc, "groups")
+        .iter()
+        .flat_map(|g| array_of(g, "rules"))
+        .filter_map(|r| {
+            Some((
+                str_of(r, "record")?.to_owned(),
+                str_of(r, "expr")?.to_owned(),
+            ))
+        })
+        .collect();
+    assert!(rules.len() >= 6, "{} recording rules", rules.len());
+    rules
+}
+
 #[test]
 fn every_panel_query_returns_data() {
     if !require_root("every_panel_query_returns_data") {
@@ -803,6 +823,27 @@ fn every_panel_query_returns_data() {
                     (false, None) => {}
                 }
                 }
+            }
+        }
+    }
+    // The mixin's recording rules read histograms the same two ways: each returns data on both.
+    for (mode, prom) in [("classic", &prom), ("native", &native)] {
+        for (record, expr) in recording_rules() {
+            n_queries += 1;
+            match prom.query(&expr, Some(at)) {
+                Ok(res) => {
+                    let finite = res.iter().filter(|s| s.value.is_finite()).count();
+                    report.push(format!(
+                        "{mode}: rule {record}: {} series, {finite} finite",
+                        res.len()
+                    ));
+                    if finite == 0 {
+                        failures.push(format!(
+                            "{mode}: rule {record}: no finite value\n    {expr}"
+                        ));
+                    }
+                }
+                Err(e) => failures.push(format!("{mode}: rule {record}: {e:#}\n    {expr}")),
             }
         }
     }
