@@ -65,6 +65,21 @@ fn schedstat(pid: u32) -> (f64, f64) {
     (f[0] / 1e9, f[1] / 1e9)
 }
 
+/// Runs `send`, which sends `n` queries on sessions of `cluster`, and waits until they are
+/// booked: a query booked late would land in the next window.
+fn booked(daemon: &Daemon, cluster: &str, name: &str, what: &str, n: f64, send: impl FnOnce()) {
+    let l = series(cluster);
+    let count = |m: &Metrics| m.sum("pgio_query_seconds_count", &l);
+    let want = count(&daemon.scrape()) + n;
+    send();
+    assert!(
+        wait_until(Duration::from_secs(30), Duration::from_millis(50), || {
+            count(&daemon.scrape()) >= want
+        }),
+        "{name}: {what}: not booked"
+    );
+}
+
 struct Bench<'a> {
     name: String,
     daemon: &'a Daemon,
@@ -84,17 +99,10 @@ impl Bench<'_> {
 
     /// Sends `sql` and waits until it is booked (outside any window).
     fn run(&mut self, sql: &str) {
-        let l = series(&self.cluster);
-        let count = |m: &Metrics| m.sum("pgio_query_seconds_count", &l);
-        let want = count(&self.daemon.scrape()) + 1.0;
-        self.session.send(sql).expect("send");
-        assert!(
-            wait_until(Duration::from_secs(30), Duration::from_millis(50), || {
-                count(&self.daemon.scrape()) >= want
-            }),
-            "{}: {sql}: not booked",
-            self.name
-        );
+        let (daemon, session) = (self.daemon, &mut self.session);
+        booked(daemon, &self.cluster, &self.name, sql, 1.0, || {
+            session.send(sql).expect("send")
+        });
     }
 
     /// Sends `sql` (and `also` while it runs), waits until `n` more queries are booked.
@@ -287,10 +295,13 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
 
     // A row lock held for 2 s by another session.
     let mut locker = pg.session(DB, "postgres").expect("locker");
-    locker
-        .send("begin; update lock_me set v = v + 1 where id = 1;")
-        .expect("send");
-    std::thread::sleep(Duration::from_millis(500));
+    // Both statements booked (psql sends them one by one) before the window opens: under
+    // load a query is booked up to ~1.4 s late, and one counted in the window closed it
+    // early and left the locker's commit to the next window.
+    let lock = "begin; update lock_me set v = v + 1 where id = 1;";
+    booked(b.daemon, &b.cluster, &b.name, lock, 2.0, || {
+        locker.send(lock).expect("send")
+    });
     let w = b.window("update lock_me set v = v + 1 where id = 1;", 2.0, || {
         std::thread::sleep(Duration::from_secs(2));
         locker.send("commit;").expect("send");
