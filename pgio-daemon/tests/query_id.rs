@@ -252,11 +252,22 @@ fn run(major: u32, port: u16, max_ids: usize) {
             "{name}: ids with series of their own"
         );
         assert!(own >= 1, "{name}: one of the statements had a free place");
-        // The other statements' queries and the closing `select 'done', 'window'` (a new id:
-        // the places are taken by then).
+        // The closing `select 'done', 'window'` is a new id: in (rest) unless its row came
+        // out of the kernel map in the same pass as the statements' first rows and was booked
+        // before the places were taken (a pass books its rows in the map's order; CI: (rest)
+        // 54 for 55, the closing id one of the 5 places).
+        let closing = q(
+            &pg,
+            "select queryid from pg_stat_statements where query = 'select $1, $2'",
+        );
+        let closing = closing.trim().to_string();
+        assert!(!closing.is_empty(), "{name}: the closing query's id");
+        let closing_placed = places.contains(&closing);
+        eprintln!("{name}: the closing query {closing} has a place: {closing_placed}");
+        let closing_in_rest = u32::from(!closing_placed);
         assert_eq!(
             rest,
-            f64::from((TABLES - own) * RUNS + 1),
+            f64::from((TABLES - own) * RUNS + closing_in_rest),
             "{name}: (rest) holds the other statements' queries"
         );
         assert_eq!(
@@ -264,7 +275,7 @@ fn run(major: u32, port: u16, max_ids: usize) {
                 "pgio_query_id_rest_ids",
                 &[("pg_cluster", &cluster), ("database", DB)]
             ),
-            f64::from(TABLES - own + 1),
+            f64::from(TABLES - own + closing_in_rest),
             "{name}: ids in (rest)"
         );
     }
