@@ -38,6 +38,7 @@ use serde_json::{Map, Value, json};
 use crate::util::{describe, fmt_duration, output, run, step, target_dir};
 
 mod cases;
+mod invariants;
 mod openshift;
 mod psa;
 mod rules;
@@ -109,9 +110,6 @@ const KUSTOMIZE_WEB_COMPONENTS: [&str; 4] = [
 
 /// The web.yml shipped for the Secret `pgio-web-config` (also given inline to the chart here).
 const SHIPPED_WEB_YML: &str = "deploy/kustomize/components/web-tls/web.yml";
-
-/// Capabilities that would make the DaemonSet as good as privileged.
-const FORBIDDEN_CAPS: [&str; 3] = ["ALL", "SYS_ADMIN", "CAP_SYS_ADMIN"];
 
 struct Paths {
     root: PathBuf,
@@ -219,8 +217,9 @@ pub fn check(root: &Path) -> Result<()> {
     let shipped_web_yml = fs::read_to_string(p.root.join(SHIPPED_WEB_YML))
         .with_context(|| format!("reading {SHIPPED_WEB_YML}"))?;
     for r in renders {
-        invariants(r, &version).with_context(|| format!("{} ({})", r.what, r.file.display()))?;
-        let https = web_invariants(r, &shipped_web_yml)
+        invariants::check(r, &version)
+            .with_context(|| format!("{} ({})", r.what, r.file.display()))?;
+        let https = invariants::web(r, &shipped_web_yml)
             .with_context(|| format!("{} ({})", r.what, r.file.display()))?;
         let want = [&helm_web, &helm_web_inline, &kust_web]
             .iter()
@@ -713,7 +712,7 @@ fn kubeconform_check(
     Ok(())
 }
 
-// ---- checks on one render ----------------------------------------------------------------
+// ---- reading a render (the checks on one render are in invariants.rs) --------------------
 
 fn only<'a>(r: &'a Render, kind: &str) -> Result<&'a Value> {
     let mut found = r.docs.iter().filter(|d| d["kind"] == kind);
@@ -749,384 +748,6 @@ fn labels_match(selector: &Value, labels: &Value) -> bool {
     })
 }
 
-/// What must hold in every render, whatever the other tool renders.
-fn invariants(r: &Render, version: &str) -> Result<()> {
-    let ds = only(r, "DaemonSet")?;
-    let tmpl = &ds["spec"]["template"];
-    let pod = &tmpl["spec"];
-    let pod_labels = &tmpl["metadata"]["labels"];
-    ensure!(
-        labels_match(&ds["spec"]["selector"]["matchLabels"], pod_labels),
-        "the DaemonSet's selector does not match its pod labels"
-    );
-    ensure!(pod["hostPID"] == true, "hostPID must be true");
-    for k in ["hostNetwork", "hostIPC"] {
-        ensure!(pod[k] != true, "{k} must not be set");
-    }
-    ensure!(
-        pod["automountServiceAccountToken"] == false,
-        "the pod must not mount a service account token"
-    );
-    let containers = pod["containers"]
-        .as_array()
-        .filter(|c| c.len() == 1)
-        .context("the DaemonSet must have exactly one container")?;
-    ensure!(
-        pod.get("initContainers").is_none(),
-        "no init containers expected"
-    );
-    let c = &containers[0];
-    let image = str_of(&c["image"], "the image")?;
-    ensure!(
-        image.ends_with(&format!(":{version}")),
-        "image {image} should be tagged with the workspace version {version}"
-    );
-
-    let sc = &c["securityContext"];
-    ensure!(sc["privileged"] != true, "privileged must not be true");
-    ensure!(
-        sc["allowPrivilegeEscalation"] == false,
-        "allowPrivilegeEscalation must be false"
-    );
-    ensure!(
-        sc["readOnlyRootFilesystem"] == true,
-        "readOnlyRootFilesystem must be true"
-    );
-    let caps = |k: &str| -> Vec<&str> {
-        sc["capabilities"][k]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect()
-    };
-    ensure!(
-        caps("drop") == ["ALL"],
-        "capabilities.drop must be [ALL], is {:?}",
-        caps("drop")
-    );
-    let add = caps("add");
-    ensure!(
-        !add.is_empty() && !add.iter().any(|a| FORBIDDEN_CAPS.contains(a)),
-        "capabilities.add must list the needed capabilities and none of {FORBIDDEN_CAPS:?}: \
-         {add:?}"
-    );
-    ensure!(
-        pod["securityContext"]["seccompProfile"].is_null() && sc["seccompProfile"].is_object(),
-        "the seccomp profile belongs in the container's securityContext (one place)"
-    );
-
-    // Host paths: read-only, and no propagation back to the host.
-    let volumes = pod["volumes"].as_array().context("no volumes")?;
-    let mounts = c["volumeMounts"].as_array().context("no volumeMounts")?;
-    let mut host_mounts = Vec::new();
-    for m in mounts {
-        let name = str_of(&m["name"], "volumeMounts[].name")?;
-        let vol = volumes
-            .iter()
-            .find(|v| v["name"] == name)
-            .with_context(|| format!("volumeMount {name} has no volume"))?;
-        ensure!(
-            m["mountPropagation"] != "Bidirectional",
-            "volumeMount {name}: Bidirectional propagation needs a privileged container"
-        );
-        if let Some(host) = vol["hostPath"]["path"].as_str() {
-            ensure!(
-                m["readOnly"] == true,
-                "volumeMount {name} (host {host}) must be readOnly"
-            );
-            host_mounts.push((host, str_of(&m["mountPath"], "mountPath")?));
-        }
-    }
-
-    // pgio.toml agrees with the pod: the port, and the directories it reads are the host's,
-    // mounted at the same paths.
-    let config = config_of(r)?;
-    let port = c["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == "metrics")
-        .and_then(|p| p["containerPort"].as_u64())
-        .context("the container has no port named metrics")?;
-    let listen = str_of(&config["listen"], "pgio.toml listen")?;
-    ensure!(
-        listen.rsplit(':').next() == Some(&port.to_string()),
-        "pgio.toml listen = {listen:?} but the metrics port is {port}"
-    );
-    let ann = &tmpl["metadata"]["annotations"];
-    ensure!(
-        ann["prometheus.io/scrape"] == "true"
-            && ann["prometheus.io/port"] == port.to_string().as_str()
-            && ann["prometheus.io/path"] == "/metrics",
-        "the pod's prometheus.io annotations should point at port {port}, /metrics: {ann}"
-    );
-    let mut dirs = vec!["longhorn_device_dir"];
-    if config["pod_labels"] != false {
-        dirs.extend(["pod_log_dir", "container_log_dir"]);
-    }
-    for key in dirs {
-        let Some(dir) = config[key].as_str().filter(|d| !d.is_empty()) else {
-            continue;
-        };
-        ensure!(
-            host_mounts.contains(&(dir, dir)),
-            "pgio.toml {key} = {dir:?}, but the host's {dir} is not mounted there read-only"
-        );
-    }
-
-    let cm_name = str_of(&only(r, "ConfigMap")?["metadata"]["name"], "ConfigMap name")?;
-    ensure!(
-        volumes.iter().any(|v| v["configMap"]["name"] == cm_name),
-        "no volume mounts the ConfigMap {cm_name}"
-    );
-    let sa = only(r, "ServiceAccount")?;
-    ensure!(
-        pod["serviceAccountName"] == sa["metadata"]["name"],
-        "the pod's serviceAccountName is not the ServiceAccount {}",
-        sa["metadata"]["name"]
-    );
-    ensure!(
-        sa["automountServiceAccountToken"] == false,
-        "the ServiceAccount must set automountServiceAccountToken: false"
-    );
-    let svc = only(r, "Service")?;
-    ensure!(
-        svc["spec"]["clusterIP"] == "None",
-        "the Service must be headless"
-    );
-    ensure!(
-        labels_match(&svc["spec"]["selector"], pod_labels),
-        "the Service's selector does not match the pod labels"
-    );
-    for pm in r.docs.iter().filter(|d| d["kind"] == "PodMonitor") {
-        ensure!(
-            labels_match(&pm["spec"]["selector"]["matchLabels"], pod_labels),
-            "the PodMonitor's selector does not match the pod labels"
-        );
-        let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
-        ensure!(
-            endpoint["port"] == "metrics",
-            "the PodMonitor should scrape the port named metrics"
-        );
-        // Without honorLabels, Prometheus renames pgio's namespace/pod/container labels to
-        // exported_* and the dashboards see only pgio's own namespace; without the labeldrop,
-        // series with no pod labels (host processes) get pgio's own pod.
-        let relabelings = endpoint["relabelings"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        ensure!(
-            endpoint["honorLabels"] == true
-                && relabelings
-                    .iter()
-                    .any(|r| r["action"] == "labeldrop" && r["regex"] == "namespace|pod|container")
-                && relabelings.iter().any(|r| r["targetLabel"] == "node"
-                    && r["sourceLabels"][0] == "__meta_kubernetes_pod_node_name"),
-            "the PodMonitor should honour pgio's labels, drop the target's namespace/pod/container \
-             and add node: {endpoint}"
-        );
-    }
-    let ds = only(r, "DaemonSet")?;
-    ensure!(
-        ds["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/os"] == "linux",
-        "the DaemonSet should select Linux nodes (it tolerates every taint)"
-    );
-    Ok(())
-}
-
-/// `--web-config-file`: whether the render serves HTTPS, and that its pieces fit together: the
-/// file sits in a read-only 0400 mount of Secrets only; the web.yml it will find there (the
-/// chart's inline one, else the one shipped for the Secret) names its certificate and key as
-/// keys of that mount; the probes, the pod's `prometheus.io/scheme` and each PodMonitor
-/// endpoint say HTTPS, the latter with a tlsConfig. Plain HTTP: none of them does.
-fn web_invariants(r: &Render, shipped_web_yml: &str) -> Result<bool> {
-    let tmpl = &only(r, "DaemonSet")?["spec"]["template"];
-    let pod = &tmpl["spec"];
-    let c = &pod["containers"][0];
-    let args: Vec<&str> = c["args"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    let probe_schemes: Vec<(&str, &Value)> = ["startupProbe", "livenessProbe", "readinessProbe"]
-        .into_iter()
-        .map(|k| (k, &c[k]["httpGet"]["scheme"]))
-        .collect();
-    let annotation = &tmpl["metadata"]["annotations"]["prometheus.io/scheme"];
-    let endpoints: Vec<&Value> = r
-        .docs
-        .iter()
-        .filter(|d| d["kind"] == "PodMonitor")
-        .flat_map(|d| {
-            d["spec"]["podMetricsEndpoints"]
-                .as_array()
-                .into_iter()
-                .flatten()
-        })
-        .collect();
-
-    let flag = args
-        .iter()
-        .position(|a| *a == "--web-config-file" || a.starts_with("--web-config-file="));
-    let Some(i) = flag else {
-        for (probe, scheme) in &probe_schemes {
-            ensure!(
-                scheme.is_null() || *scheme == "HTTP",
-                "no --web-config-file (plain HTTP), but {probe} uses scheme {scheme}"
-            );
-        }
-        ensure!(
-            annotation.is_null() || annotation == "http",
-            "no --web-config-file (plain HTTP), but prometheus.io/scheme is {annotation}"
-        );
-        for e in &endpoints {
-            ensure!(
-                (e["scheme"].is_null() || e["scheme"] == "http") && e["tlsConfig"].is_null(),
-                "no --web-config-file (plain HTTP), but the PodMonitor scrapes with scheme {} \
-                 and tlsConfig {}",
-                e["scheme"],
-                e["tlsConfig"]
-            );
-        }
-        return Ok(false);
-    };
-
-    let file = match args[i].split_once('=') {
-        Some((_, v)) => Some(v),
-        None => args.get(i + 1).copied(),
-    }
-    .context("--web-config-file without a path")?;
-    let file = Path::new(file);
-    let (Some(dir), Some(name)) = (
-        file.parent().filter(|_| file.is_absolute()),
-        file.file_name().and_then(|n| n.to_str()),
-    ) else {
-        bail!(
-            "--web-config-file {}: not an absolute file path",
-            file.display()
-        );
-    };
-    let mount = c["volumeMounts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["mountPath"].as_str().map(Path::new) == Some(dir))
-        .with_context(|| {
-            format!(
-                "--web-config-file {}: nothing is mounted at {}",
-                file.display(),
-                dir.display()
-            )
-        })?;
-    let mount_name = str_of(&mount["name"], "volumeMounts[].name")?;
-    ensure!(
-        mount["readOnly"] == true && mount.get("subPath").is_none(),
-        "the web config mount {mount_name} must be readOnly, without subPath: {mount}"
-    );
-    let volume = pod["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|v| v["name"] == mount_name)
-        .with_context(|| format!("volumeMount {mount_name} has no volume"))?;
-    let (secrets, mode): (Vec<&str>, &Value) = if volume["secret"].is_object() {
-        (
-            vec![str_of(
-                &volume["secret"]["secretName"],
-                "secret.secretName",
-            )?],
-            &volume["secret"]["defaultMode"],
-        )
-    } else if let Some(sources) = volume["projected"]["sources"].as_array() {
-        let mut names = Vec::new();
-        for s in sources {
-            ensure!(
-                s.as_object().is_some_and(|o| o.len() == 1) && s["secret"]["items"].is_null(),
-                "volume {mount_name}: every projected source must be a whole Secret, not {s}"
-            );
-            names.push(str_of(&s["secret"]["name"], "projected secret name")?);
-        }
-        (names, &volume["projected"]["defaultMode"])
-    } else {
-        bail!("volume {mount_name} holds the web config and key: it must be a Secret, is {volume}");
-    };
-    ensure!(
-        mode == 0o400,
-        "volume {mount_name}: defaultMode should be 256 (0400: the key is for pgio alone), is {mode}"
-    );
-
-    // The web.yml pgio will read: the chart's own Secret's, or what the docs put in the user's.
-    let inline = r
-        .docs
-        .iter()
-        .find(|d| d["kind"] == "Secret" && secrets.iter().any(|s| d["metadata"]["name"] == *s));
-    let (text, from) = match inline {
-        Some(secret) => (
-            str_of(&secret["stringData"][name], "the inline web.yml").with_context(|| {
-                format!("the Secret {} has no {name}", secret["metadata"]["name"])
-            })?,
-            format!("the Secret {}", secret["metadata"]["name"]),
-        ),
-        None => {
-            ensure!(
-                name == "web.yml",
-                "--web-config-file {}: the Secret's documented key is web.yml",
-                file.display()
-            );
-            (shipped_web_yml, SHIPPED_WEB_YML.to_owned())
-        }
-    };
-    let web: Value = serde_yaml_ng::from_str(text).with_context(|| format!("parsing {from}"))?;
-    for (key, secret_key) in [("cert_file", "tls.crt"), ("key_file", "tls.key")] {
-        let f = str_of(
-            &web["tls_server_config"][key],
-            &format!("{from}: tls_server_config.{key}"),
-        )?;
-        // Relative to web.yml's directory (the mount), as pgio resolves it.
-        let resolved = dir.join(f);
-        ensure!(
-            resolved == dir.join(secret_key),
-            "{from}: tls_server_config.{key} = {f:?} is {} in the pod, but the Secret's key \
-             {secret_key} is mounted at {}",
-            resolved.display(),
-            dir.join(secret_key).display()
-        );
-    }
-
-    for (probe, scheme) in &probe_schemes {
-        ensure!(
-            *scheme == "HTTPS",
-            "--web-config-file is set, but {probe} uses scheme {scheme} (the kubelet would speak \
-             plain HTTP to the TLS port)"
-        );
-    }
-    if !annotation.is_null() || tmpl["metadata"]["annotations"]["prometheus.io/scrape"] == "true" {
-        ensure!(
-            annotation == "https",
-            "--web-config-file is set, but prometheus.io/scheme is {annotation}"
-        );
-    }
-    for e in &endpoints {
-        ensure!(
-            e["scheme"] == "https" && e["tlsConfig"].as_object().is_some_and(|t| !t.is_empty()),
-            "--web-config-file is set, but the PodMonitor scrapes with scheme {} and tlsConfig {}",
-            e["scheme"],
-            e["tlsConfig"]
-        );
-    }
-    step(format!(
-        "{}: HTTPS from {} in Secret {} (0400, read-only), certificate and key as keys next to \
-         it, probes HTTPS, {} PodMonitor endpoint(s) https",
-        r.what,
-        file.display(),
-        secrets.join(" + "),
-        endpoints.len()
-    ));
-    Ok(true)
-}
-
 // ---- Helm vs kustomize -------------------------------------------------------------------
 
 /// What each tool must render alike: names, labels and Helm's own annotations aside.
@@ -1137,8 +758,8 @@ fn view(r: &Render) -> Result<Value> {
     let pod_map = pod
         .as_object_mut()
         .context("DaemonSet spec.template.spec is not a map")?;
-    // Names differ by tool (release name, kustomize's content hash); invariants() checked that
-    // they refer to this render's ServiceAccount and ConfigMap.
+    // Names differ by tool (release name, kustomize's content hash); invariants::check() checked
+    // that they refer to this render's ServiceAccount and ConfigMap.
     pod_map.remove("serviceAccountName");
     for v in pod_map
         .get_mut("volumes")

@@ -237,7 +237,8 @@ pub(super) fn extras(t: &Tools, p: &Paths, newest: &str, version: &str) -> Resul
     rules::check_render(&kust, &groups, &[])?;
     for r in [&helm, &kust] {
         t.kubeconform(newest, r)?;
-        invariants(r, version).with_context(|| format!("{} ({})", r.what, r.file.display()))?;
+        invariants::check(r, version)
+            .with_context(|| format!("{} ({})", r.what, r.file.display()))?;
         network_policy(r)?;
         let ds = only(r, "DaemonSet")?;
         let tracefs = ds["spec"]["template"]["spec"]["volumes"]

@@ -87,7 +87,8 @@ pub(super) fn check(t: &Tools, p: &Paths, newest: &str, version: &str) -> Result
     let kust = kustomize(t.kubectl, p, &overlay, "kustomize-openshift")?;
     for r in [&helm, &kust] {
         t.kubeconform(newest, r)?;
-        invariants(r, version).with_context(|| format!("{} ({})", r.what, r.file.display()))?;
+        invariants::check(r, version)
+            .with_context(|| format!("{} ({})", r.what, r.file.display()))?;
         fits(r).with_context(|| format!("{} ({})", r.what, r.file.display()))?;
     }
     agree(&helm, &kust)?;
