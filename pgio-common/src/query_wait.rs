@@ -9,6 +9,11 @@
 //!   (`*my_wait_event_info`, the backend's `PGPROC.wait_event_info`) and, when the thread has
 //!   run again, books the time from that switch to the switch that ran it again, less the
 //!   run-queue wait in between (its `run_delay` growth), under that event's type;
+//! - **on CPU inside an IO syscall**: under the wait event PostgreSQL set around the call (an
+//!   `IO` event: `DataFileRead`, `WALWrite`, …), read at its exit, as PostgreSQL reports it
+//!   and samplers such as `pg_wait_sampling` see it (a read served from the page cache is
+//!   `IO` time); the call's time less its off-CPU intervals (the blocked ones, booked as
+//!   above, and its `run_delay` growth);
 //! - **CPU** (`Part::Cpu`): the rest of the query's time.
 //!
 //! A query's IO time (`pgio_query_io_seconds`) is its IO syscalls' time (the syscall family's,
@@ -90,13 +95,19 @@ pub struct QueryWait {
     /// Time from blocking under an `IO` wait event outside the thread's IO syscalls to running
     /// again (wall-clock, as a syscall's time and PostgreSQL's `read_time` are).
     pub io_wait_ns: u64,
+    /// Blocked time in the running query, all parts (what `wait_ns` holds, summed).
+    pub blocked_ns: u64,
+    /// `run_delay` and `blocked_ns` when the thread first left the CPU inside its open IO
+    /// syscall: both as at the call's start, since it ran until then.
+    pub call_delay: u64,
+    pub call_blocked: u64,
     /// Blocked time per part (`Part` index; `Cpu` and `Runnable` stay 0).
     pub wait_ns: [u64; PARTS],
     /// The thread this is for (a new one starts from nothing).
     pub tid: u32,
     /// `Part` of the open interval.
     pub part: u8,
-    /// 1: the thread blocked inside an IO syscall that has not returned yet.
+    /// 1: the thread left the CPU inside an IO syscall that has not returned yet.
     pub in_io_call: u8,
     /// 1: the open interval counts as IO time (an `IO` event outside an IO syscall).
     pub open_io: u8,
@@ -112,7 +123,7 @@ pub struct QueryParts {
     pub io_wait_ns: u64,
 }
 
-crate::abi_size!(QueryWait, 48 + 8 * PARTS + 8, 8);
+crate::abi_size!(QueryWait, 72 + 8 * PARTS + 8, 8);
 crate::abi_pod!(QueryWait);
 
 #[cfg(test)]

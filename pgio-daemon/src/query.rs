@@ -282,7 +282,7 @@ static QUERY_READ_MISS_SECONDS: MetricFamily = MetricFamily {
 };
 static QUERY_PART_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_query_part_seconds",
-    help: "Where the queries' time went, by part, adding up to pgio_query_seconds_sum: cpu (on CPU), runnable (waiting for a CPU: the backend's run-queue time, /proc/<pid>/schedstat), and off CPU by PostgreSQL's wait_event_type at the moment the backend blocked (IO, Lock, LWLock, BufferPin, IPC, Timeout, Client, Extension, Activity, InjectionPoint; none: no wait event set; unknown: unreadable) (seconds).",
+    help: "Where the queries' time went, by part, adding up to pgio_query_seconds_sum: cpu (on CPU), runnable (waiting for a CPU: the backend's run-queue time, /proc/<pid>/schedstat), and PostgreSQL's wait_event_type (IO, Lock, LWLock, BufferPin, IPC, Timeout, Client, Extension, Activity, InjectionPoint): off CPU under the event set when the backend blocked, and on CPU inside an IO syscall under the event set around it (a read served from the page cache is IO); none: blocked with no wait event set; unknown: unreadable (seconds).",
     kind: Kind::Counter,
 };
 static QUERY_CACHE_MISSES: MetricFamily = MetricFamily {

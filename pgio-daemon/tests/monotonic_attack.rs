@@ -17,6 +17,8 @@ use pgio_testkit::{
 };
 
 const CHILDREN: usize = 2_000;
+/// Scrapes each watch checks at least: it goes on after the events until then.
+const MIN_SCRAPES: usize = 100;
 
 #[test]
 fn no_counter_steps_back_during_an_unprivileged_fork_burst() {
@@ -75,7 +77,7 @@ fn no_counter_steps_back_during_an_unprivileged_fork_burst() {
     fake.end();
     // The last runs and folds land within a pass or two.
     std::thread::sleep(Duration::from_secs(3));
-    let watched = watch.finish().expect("scrapes");
+    let watched = watch.finish_after(MIN_SCRAPES).expect("scrapes");
     let after = daemon.scrape();
     let backend = [
         ("app", "postgres"),
@@ -181,7 +183,7 @@ fn no_counter_steps_back_across_a_cluster_restart() {
         let (by_relation, syscalls) = calls(&daemon.scrape());
         by_relation == syscalls
     });
-    let report = watch.finish().expect("scrapes");
+    let report = watch.finish_after(MIN_SCRAPES).expect("scrapes");
     let (by_relation, syscalls) = calls(&daemon.scrape());
     eprintln!(
         "{} scrapes back to back across 3 restarts, {} samples stepped back; the checkpointers' \
@@ -203,9 +205,9 @@ fn no_counter_steps_back_across_a_cluster_restart() {
     pg.stop().expect("stop");
 }
 
-/// At least 100 scrapes, none with a sample lower than the scrape before or a series twice.
+/// At least `MIN_SCRAPES` scrapes, none with a sample lower than the scrape before or a series twice.
 fn assert_clean(report: &WatchReport) {
-    assert!(report.scrapes >= 100, "{} scrapes", report.scrapes);
+    assert!(report.scrapes >= MIN_SCRAPES, "{} scrapes", report.scrapes);
     assert!(
         report.clean(),
         "{} samples stepped back, {} series twice in a scrape:\n{}",

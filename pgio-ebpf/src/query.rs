@@ -720,7 +720,7 @@ pub fn add_io(tid: u32, ns: u64, miss: bool) {
     };
     // SAFETY: a map value; only this thread's programs touch its way.
     unsafe {
-        query_wait::io_call_done((*q).index);
+        query_wait::io_call_done((*q).index, ns);
         let phase = (*q).phase;
         if (phase == Phase::Running as u8 || phase == Phase::AfterReply as u8)
             && (*q).wait_start_ns == 0

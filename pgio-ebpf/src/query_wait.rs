@@ -107,6 +107,7 @@ unsafe fn settle(w: *mut QueryWait, delay: u64) {
         if p < PARTS {
             (*w).wait_ns[p] += blocked;
         }
+        (*w).blocked_ns += blocked;
         // IO time is wall-clock, like a syscall's and like PostgreSQL's `read_time`: until
         // the thread ran again, its run-queue wait after the wake-up included.
         if (*w).open_io != 0 {
@@ -115,9 +116,10 @@ unsafe fn settle(w: *mut QueryWait, delay: u64) {
     }
 }
 
-/// The wait event of the thread leaving the CPU, from its own memory.
+/// The wait event of the thread leaving the CPU (or returning from an IO syscall), from its
+/// own memory.
 ///
-/// SAFETY: `w` is the leaving thread's `QUERY_WAIT` value; `sched_switch` runs in its context.
+/// SAFETY: `w` is that thread's `QUERY_WAIT` value, and the program runs in its context.
 #[inline(always)]
 unsafe fn wait_event(w: *const QueryWait) -> Part {
     // SAFETY: as the caller says; then a read of the thread's memory, which may fail.
@@ -173,21 +175,28 @@ fn left_cpu(i: u32, task: u64, tid: u32, preempt: bool) {
         // An IO syscall of this thread entered since it last ran here (its start is still
         // in this CPU's slot, which the syscall family spills after this): its blocked time
         // is the syscall's, counted as IO already, however often it leaves the CPU in it.
-        if let Some(c) = thread::slot_as_is()
-            && (*c).open != 0
-            && (*c).start.start_ns != 0
-            && (*c).start.syscall < Syscall::Futex as u8
-        {
+        // The first time, its off-CPU counts start (`io_call_done` takes them from its time).
+        let entering_call = (*w).in_io_call == 0
+            && thread::slot_as_is().is_some_and(|c| {
+                (*c).open != 0
+                    && (*c).start.start_ns != 0
+                    && (*c).start.syscall < Syscall::Futex as u8
+            });
+        if entering_call {
             (*w).in_io_call = 1;
         }
         // Preempted, or woken before it slept: it stays on a run queue (`run_delay`).
         let blocked = !preempt && task_u32(task, state_at) != 0;
-        if (*w).off_ns == 0 && !blocked {
+        if (*w).off_ns == 0 && !blocked && !entering_call {
             return;
         }
         let delay = task_u64(task, run_delay_at);
         if (*w).off_ns != 0 {
             settle(w, delay);
+        }
+        if entering_call {
+            (*w).call_delay = delay;
+            (*w).call_blocked = (*w).blocked_ns;
         }
         if !blocked {
             return;
@@ -224,6 +233,7 @@ pub fn begin(i: u32, tid: u32, event_at: impl FnOnce() -> u64) {
         core::ptr::write_volatile(&raw mut (*w).off_ns, 0);
         core::ptr::write_volatile(&raw mut (*w).on_ns, 0);
         core::ptr::write_volatile(&raw mut (*w).io_wait_ns, 0);
+        core::ptr::write_volatile(&raw mut (*w).blocked_ns, 0);
         (*w).in_io_call = 0;
         (*w).open_io = 0;
         let mut p = 0;
@@ -248,15 +258,40 @@ pub fn stop(i: u32) {
     }
 }
 
-/// An IO syscall of way `i`'s thread returned: its blocked time is over.
+/// An IO syscall of `ns` of way `i`'s thread returned: its time on CPU goes under the wait
+/// event PostgreSQL set around it (its blocked time is booked already, and its run-queue wait
+/// is `runnable`).
 #[inline(always)]
-pub fn io_call_done(i: u32) {
+pub fn io_call_done(i: u32, ns: u64) {
     if !on() {
         return;
     }
-    if let Some(w) = QUERY_WAIT.get_ptr_mut(i) {
-        // SAFETY: a map value of the running thread.
-        unsafe { (*w).in_io_call = 0 };
+    let Some(w) = QUERY_WAIT.get_ptr_mut(i) else {
+        return;
+    };
+    // SAFETY: a map value of the running thread.
+    unsafe {
+        let mut on_cpu = ns;
+        if (*w).in_io_call != 0 {
+            (*w).in_io_call = 0;
+            // It ran again since it left: its last interval is over.
+            let delay = my_run_delay();
+            if (*w).off_ns != 0 {
+                settle(w, delay);
+            }
+            let off = (*w)
+                .blocked_ns
+                .wrapping_sub((*w).call_blocked)
+                .wrapping_add(delay.wrapping_sub((*w).call_delay));
+            on_cpu = ns.saturating_sub(off);
+        }
+        if (*w).in_query == 0 || on_cpu == 0 {
+            return;
+        }
+        let p = wait_event(w);
+        if p != Part::NoEvent && p != Part::Unknown && (p as usize) < PARTS {
+            (*w).wait_ns[p as usize] += on_cpu;
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     thread::JoinHandle,
     time::Duration,
@@ -120,17 +120,22 @@ fn series_name(s: &Sample) -> String {
 /// Scrapes `url` back to back (with `pause` between) until `finish`.
 pub struct MonotonicWatch {
     stop: Arc<AtomicBool>,
+    /// Scrapes to reach before stopping (`finish_after`).
+    at_least: Arc<AtomicUsize>,
     thread: Option<JoinHandle<Result<WatchReport>>>,
 }
 
 impl MonotonicWatch {
     pub fn start(url: &str, pause: Duration) -> MonotonicWatch {
         let stop = Arc::new(AtomicBool::new(false));
+        let at_least = Arc::new(AtomicUsize::new(0));
         let url = url.to_owned();
-        let flag = stop.clone();
+        let (flag, min) = (stop.clone(), at_least.clone());
         let thread = std::thread::spawn(move || {
             let mut check = Monotonic::default();
-            while !flag.load(Ordering::Relaxed) {
+            while !flag.load(Ordering::Relaxed)
+                || check.report.scrapes < min.load(Ordering::Relaxed)
+            {
                 let m = scrape(&url).with_context(|| format!("scrape {}", check.report.scrapes))?;
                 check.observe(&m);
                 std::thread::sleep(pause);
@@ -139,8 +144,16 @@ impl MonotonicWatch {
         });
         MonotonicWatch {
             stop,
+            at_least,
             thread: Some(thread),
         }
+    }
+
+    /// `finish`, once at least `n` scrapes were checked (on a loaded machine a scrape takes
+    /// longer, and the events watched may be over before `n`).
+    pub fn finish_after(self, n: usize) -> Result<WatchReport> {
+        self.at_least.store(n, Ordering::Relaxed);
+        self.finish()
     }
 
     pub fn finish(mut self) -> Result<WatchReport> {

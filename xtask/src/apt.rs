@@ -19,6 +19,8 @@ const PACKAGES: &[&str] = &[
     "tmux",
     // Holds a postmaster's chdir to start it as slowly as a loaded node (tests/pg_clusters.rs).
     "strace",
+    // The peer that samples wait events, which tests/wait_sampling.rs compares pgio with.
+    "postgresql-15-pg-wait-sampling",
 ];
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
