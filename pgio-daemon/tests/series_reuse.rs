@@ -25,7 +25,7 @@ use pgio_testkit::{
 
 const MAX_SERIES: usize = 56;
 /// Rounds that fit; one more goes past the cap by one.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 2;
 /// Backends the last round has beyond the room it finds.
 const PAST_CAP: usize = 5;
 /// Series a made-up cluster needs besides its backends': its postmaster's and the one its
