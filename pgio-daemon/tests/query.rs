@@ -396,11 +396,12 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
         // slowed the backend: 80 % and 17 %; it is no longer attached where wait events work.)
         // PostgreSQL 18's read_time holds that wait and, besides, the time the backend spends
         // starting each read (`AsyncReadBuffers` times `smgrstartreadv`: staging the IO and
-        // handing it to a worker), which is CPU, not waiting. Measured here: pgio's wait is
-        // 4.4-6.2 % below read_time, never above it. So: never more than read_time (1 %
-        // for the two clocks), and the starts at most 15 % of it.
+        // handing it to a worker), which is CPU, not waiting. Measured: pgio's wait 4.4-6.2 %
+        // below read_time on an AMD EPYC host, 14.8 % (alone) and 17.3 % (CI) below on an
+        // Intel Xeon one, never above it. So: never more than read_time (1 % for the two
+        // clocks), and the starts at most 25 % of it.
         assert!(
-            pg_read_s > 0.0 && io_s <= 1.01 * pg_read_s && io_s >= 0.85 * pg_read_s,
+            pg_read_s > 0.0 && io_s <= 1.01 * pg_read_s && io_s >= 0.75 * pg_read_s,
             "query IO {io_s} s vs pg_stat_io read_time {pg_read_s} s"
         );
     } else {
