@@ -17,8 +17,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use common::{Daemon, losses};
 use pgio_testkit::{
-    CpuHogs, Metrics, PgCluster, PgOptions, PsqlSession, pg_bin_dir, require_root, temp_dir,
-    wait_until,
+    CpuHogs, Metrics, PgCluster, PgOptions, PsqlSession, drop_page_cache, pg_bin_dir, require_root,
+    temp_dir, wait_until,
 };
 
 const DB: &str = "waits";
@@ -202,7 +202,7 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     pg.stop().expect("stop");
     pg.start().expect("start");
     let path = pgdata.join(files.trim());
-    drop_cache(&path);
+    drop_page_cache(&path).expect("drop cache");
 
     let daemon = Daemon::start(&[]).expect("daemon");
     daemon.wait_tracked("postgres", "checkpointer");
@@ -415,17 +415,6 @@ fn client_read_ms(pg: &PgCluster, major: u32) -> Option<f64> {
         )
         .ok()?;
     v.trim().parse().ok()
-}
-
-/// Drops a file's pages from the page cache (`POSIX_FADV_DONTNEED`; clean pages after the
-/// checkpoint and stop).
-fn drop_cache(path: &std::path::Path) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).expect("table file");
-    f.sync_all().expect("fsync table file");
-    // SAFETY: a valid fd for the call.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(rc, 0, "posix_fadvise");
 }
 
 #[test]

@@ -114,13 +114,7 @@ fn pg18_waits_of_background_processes() {
         .psql("select pg_relation_filepath('big')")
         .expect("filepath");
     let path = pgdata.join(file.trim());
-    {
-        use std::os::fd::AsRawFd;
-        let f = std::fs::File::open(&path).expect("table file");
-        // SAFETY: a valid fd for the call.
-        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(rc, 0, "posix_fadvise");
-    }
+    pgio_testkit::drop_page_cache(&path).expect("drop cache");
     let before = daemon.scrape();
     pg.psql("set max_parallel_workers_per_gather = 0; select count(*) from big")
         .expect("scan");

@@ -27,7 +27,7 @@ mod common;
 use std::{collections::BTreeMap, time::Duration};
 
 use common::Daemon;
-use pgio_testkit::{PgCluster, PgOptions, pg_bin_dir, require_root, temp_dir};
+use pgio_testkit::{PgCluster, PgOptions, drop_page_cache, pg_bin_dir, require_root, temp_dir};
 
 const DB: &str = "sampled";
 /// Samples of a query id's waits below which it is not compared (0.2 s at 1 ms).
@@ -50,16 +50,6 @@ fn shares(by_type: &BTreeMap<String, f64>) -> Shares {
         .iter()
         .map(|(k, v)| (k.clone(), if sum > 0.0 { 100.0 * v / sum } else { 0.0 }))
         .collect()
-}
-
-/// Drops a file's pages from the page cache (clean pages: after the checkpoint).
-fn drop_cache(path: &std::path::Path) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).expect("table file");
-    f.sync_all().expect("fsync table file");
-    // SAFETY: a valid fd for the call.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(rc, 0, "posix_fadvise");
 }
 
 #[test]
@@ -116,7 +106,7 @@ fn pg15_waits_by_query_id_against_pg_wait_sampling() {
     let cold = file("cold");
     // pgbench's accounts cold too: its queries wait for reads from the device.
     for rel in ["pgbench_accounts", "pgbench_accounts_pkey"] {
-        drop_cache(&file(rel));
+        drop_page_cache(&file(rel)).expect("drop cache");
     }
 
     let daemon = Daemon::start(&[]).expect("daemon");
@@ -139,7 +129,7 @@ fn pg15_waits_by_query_id_against_pg_wait_sampling() {
         });
         s.spawn(|| {
             for _ in 0..6 {
-                drop_cache(&cold);
+                drop_page_cache(&cold).expect("drop cache");
                 q(&pg, "select count(*) from cold");
             }
         });

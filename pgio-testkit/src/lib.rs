@@ -92,6 +92,26 @@ pub fn require_root(test_name: &str) -> bool {
     false
 }
 
+/// Drops a file's pages from the page cache (`POSIX_FADV_DONTNEED`), its dirty ones written
+/// back first (a dirty page stays): its next reads go to the device.
+pub fn drop_page_cache(path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    f.sync_all()
+        .with_context(|| format!("fsync {}", path.display()))?;
+    // SAFETY: a valid fd for the call.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        anyhow::bail!(
+            "posix_fadvise {}: {}",
+            path.display(),
+            std::io::Error::from_raw_os_error(rc)
+        );
+    }
+    Ok(())
+}
+
 /// A fresh temporary directory with mode 0755, so that other users (the `postgres`
 /// OS user) can traverse it to reach data and socket directories below it.
 pub fn temp_dir() -> anyhow::Result<TempDir> {
