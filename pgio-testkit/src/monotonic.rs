@@ -133,8 +133,8 @@ impl MonotonicWatch {
         let (flag, min) = (stop.clone(), at_least.clone());
         let thread = std::thread::spawn(move || {
             let mut check = Monotonic::default();
-            while !flag.load(Ordering::Relaxed)
-                || check.report.scrapes < min.load(Ordering::Relaxed)
+            // SeqCst: `finish_after`'s count is seen with the stop it precedes.
+            while !flag.load(Ordering::SeqCst) || check.report.scrapes < min.load(Ordering::SeqCst)
             {
                 let m = scrape(&url).with_context(|| format!("scrape {}", check.report.scrapes))?;
                 check.observe(&m);
@@ -152,12 +152,12 @@ impl MonotonicWatch {
     /// `finish`, once at least `n` scrapes were checked (on a loaded machine a scrape takes
     /// longer, and the events watched may be over before `n`).
     pub fn finish_after(self, n: usize) -> Result<WatchReport> {
-        self.at_least.store(n, Ordering::Relaxed);
+        self.at_least.store(n, Ordering::SeqCst);
         self.finish()
     }
 
     pub fn finish(mut self) -> Result<WatchReport> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         self.thread
             .take()
             .context("finished twice")?
