@@ -14,6 +14,7 @@
 //!   and can be evicted like one waiting for its first request.
 mod conn;
 mod conn_task;
+pub mod listener;
 mod metrics;
 mod registry;
 mod watched;

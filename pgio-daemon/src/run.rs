@@ -89,30 +89,6 @@ pub struct Started {
     _bpf_stats: Option<std::os::fd::OwnedFd>,
 }
 
-/// Binds `listen`. `[::]` (the default) takes IPv4 too: `IPV6_V6ONLY` off, whatever the node's
-/// `net.ipv6.bindv6only`, so one default serves IPv4-only, IPv6-only and dual-stack clusters.
-/// A node booted without IPv6 (`ipv6.disable=1`) gets `0.0.0.0` on the same port.
-fn bind(listen: std::net::SocketAddr) -> Result<std::net::TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    if !(listen.is_ipv6() && listen.ip().is_unspecified()) {
-        return Ok(std::net::TcpListener::bind(listen)?);
-    }
-    let socket = match Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)) {
-        Ok(s) => s,
-        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
-            let v4 = std::net::SocketAddr::from(([0, 0, 0, 0], listen.port()));
-            warn!(%listen, instead = %v4, "no IPv6 on this node");
-            return Ok(std::net::TcpListener::bind(v4)?);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    socket.set_only_v6(false)?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&listen.into())?;
-    socket.listen(1024)?;
-    Ok(socket.into())
-}
-
 /// Loads and attaches everything and binds `listen`; with `bench_switch` the benchmark's
 /// switch will serve on stdin (see `bench_switch`).
 pub fn start(
@@ -124,7 +100,8 @@ pub fn start(
     require_privileges()?;
     let listen = listen.unwrap_or(config.addr(&http_server::LISTEN));
     // Bind before loading anything: a port in use is the most common start failure.
-    let listener = bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = http_server::listener::bind(listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
     listener
         .set_nonblocking(true)
         .context("listening socket non-blocking")?;
