@@ -33,7 +33,7 @@ use pgio_testkit::{
     DiskStats, LonghornVolume, Metrics, diskstats, metrics::Histogram, require_root,
 };
 
-const RUN_SECS: u32 = 20;
+const RUN_SECS: u32 = 12;
 /// pgbench's target rate (`-R`): well below what 2 vCPUs can do (~13–17k tps unthrottled), so
 /// the latencies compared are the IO path's, not CPU queueing (unthrottled, the volume
 /// device's median without injection moved between 1.1 and 2.1 ms from run to run).

@@ -265,7 +265,9 @@ pub fn integration(root: &Path, skip_setup: bool, opts: &Options) -> Result<()> 
         crate::apt::ensure(HOST_PACKAGES)?;
         crate::apt::ensure(&[guest.qemu_package])?;
     }
-    crate::build::build(root, true, skip_setup)?;
+    if !skip_setup {
+        crate::build::setup()?;
+    }
     cross::ensure(opts.arch, skip_setup)?;
     let host = host_build(root, opts)?;
     let base = target_dir(root).join("integration");
@@ -346,48 +348,45 @@ fn kernels_md(root: &Path, report: &str, took: Duration) -> String {
 fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
     let target = target_dir(root);
     let arch = opts.arch;
-    let mut load = cross::cargo(
-        root,
-        arch,
-        &[
-            "build",
-            "--release",
-            "-p",
-            "pgio-testkit",
-            "--bin",
-            "pgio-load",
-        ],
-    );
-    step(describe(&load));
-    run(&mut load)?;
-
+    // On the host, exactly the package set `cargo xtask test`'s test step builds (the default
+    // members), so that step's artifacts are reused as they are: a narrower `-p` unifies other
+    // features and rebuilt pgio-common, pgio-daemon and pgio-testkit (2 min of CI). A foreign
+    // target builds only what the guest runs.
     let mut cmd = cross::cargo(
         root,
         arch,
-        &[
-            "test",
-            "--release",
-            "--no-run",
-            "--message-format=json",
-            "-p",
-            "pgio-daemon",
-        ],
+        &["test", "--release", "--no-run", "--message-format=json"],
     );
-    for t in &opts.tests {
-        cmd.args(["--test", &t.name]);
+    if !arch.is_host() {
+        cmd.args(["-p", "pgio-daemon", "-p", "pgio-testkit"]);
     }
     step(describe(&cmd));
     let json = output(cmd.stderr(Stdio::inherit()))?;
-    let exes = test_executables(&json)?;
+    let built = Executables::parse(&json)?;
     let tests = opts
         .tests
         .iter()
         .map(|t| {
-            exes.get(&t.name)
+            built
+                .tests
+                .get(&t.name)
                 .map(|p| (t.clone(), p.clone()))
                 .with_context(|| format!("cargo built no test executable named {}", t.name))
         })
         .collect::<Result<Vec<_>>>()?;
+    let bin = |name: &str| {
+        built
+            .bins
+            .get(name)
+            .cloned()
+            .with_context(|| format!("cargo built no binary named {name}"))
+    };
+    let (daemon, load) = (bin("pgio-daemon")?, bin("pgio-load")?);
+    if !arch.is_host() {
+        for exe in tests.iter().map(|(_, e)| e).chain([&daemon, &load]) {
+            cross::check_file(exe, arch)?;
+        }
+    }
 
     step("building the Longhorn stand-in (Go)");
     let longhorn_dir = if arch.is_host() {
@@ -411,20 +410,6 @@ fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
         step(format!("PostgreSQL {major} for the guest"));
         pgio_testkit::pg_bin_dir(major)?;
     }
-    let (daemon, load) = if arch.is_host() {
-        (
-            crate::build::daemon_binary(root)?,
-            target.join("release").join("pgio-load"),
-        )
-    } else {
-        let daemon = cross::build_daemon(root, arch)?;
-        let load = cross::release_dir(root, arch).join("pgio-load");
-        for (_, exe) in &tests {
-            cross::check_file(exe, arch)?;
-        }
-        cross::check_file(&load, arch)?;
-        (daemon, load)
-    };
     Ok(HostBuild {
         daemon,
         load,
@@ -461,21 +446,43 @@ fn pg_majors(tests: &[TestSpec]) -> Vec<u32> {
     out
 }
 
-/// Test target name → executable, from `cargo test --no-run --message-format=json`.
-fn test_executables(json: &str) -> Result<BTreeMap<String, PathBuf>> {
-    let mut out = BTreeMap::new();
-    for line in json.lines().filter(|l| l.starts_with('{')) {
-        let v: serde_json::Value = serde_json::from_str(line).context("cargo's JSON message")?;
-        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
-            continue;
-        }
-        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
-        else {
-            continue;
+/// What `cargo test --no-run --message-format=json` built: test targets and binaries by name.
+struct Executables {
+    tests: BTreeMap<String, PathBuf>,
+    bins: BTreeMap<String, PathBuf>,
+}
+
+impl Executables {
+    fn parse(json: &str) -> Result<Executables> {
+        let mut out = Executables {
+            tests: BTreeMap::new(),
+            bins: BTreeMap::new(),
         };
-        out.insert(name.to_owned(), PathBuf::from(exe));
+        for line in json.lines().filter(|l| l.starts_with('{')) {
+            let v: serde_json::Value =
+                serde_json::from_str(line).context("cargo's JSON message")?;
+            if v["reason"] != "compiler-artifact" {
+                continue;
+            }
+            let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
+            else {
+                continue;
+            };
+            let kind = |k: &str| {
+                v["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|ks| ks.iter().any(|x| x == k))
+            };
+            // An integration test's harness, or a binary itself (not its unit-test harness).
+            let map = match (v["profile"]["test"] == true, kind("test"), kind("bin")) {
+                (true, true, _) => &mut out.tests,
+                (false, _, true) => &mut out.bins,
+                _ => continue,
+            };
+            map.insert(name.to_owned(), PathBuf::from(exe));
+        }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// The private apt state: its own sources.list, lists and archive cache; the host's apt
