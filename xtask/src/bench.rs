@@ -1108,20 +1108,11 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 
 pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
     let started = Instant::now();
-    step("building pgio-daemon and pgio-load (release)");
-    run(Command::new("cargo").current_dir(root).args([
-        "build",
-        "--release",
-        "-p",
-        "pgio-daemon",
-        "-p",
-        "pgio-testkit",
-        "--bins",
-    ]))?;
-    let release = target_dir(root).join("release");
+    step("building pgio-daemon and pgio-load (release, with the tests: one build)");
+    let built = crate::test_build::build(root, crate::cross::Arch::host())?;
     let bins = Bins {
-        daemon: release.join("pgio-daemon"),
-        load: release.join("pgio-load"),
+        daemon: built.bin("pgio-daemon")?,
+        load: built.bin("pgio-load")?,
     };
 
     if o.pgbench_only {

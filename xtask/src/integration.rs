@@ -13,7 +13,6 @@
 mod arch;
 mod rootfs;
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -348,21 +347,7 @@ fn kernels_md(root: &Path, report: &str, took: Duration) -> String {
 fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
     let target = target_dir(root);
     let arch = opts.arch;
-    // On the host, exactly the package set `cargo xtask test`'s test step builds (the default
-    // members), so that step's artifacts are reused as they are: a narrower `-p` unifies other
-    // features and rebuilt pgio-common, pgio-daemon and pgio-testkit (2 min of CI). A foreign
-    // target builds only what the guest runs.
-    let mut cmd = cross::cargo(
-        root,
-        arch,
-        &["test", "--release", "--no-run", "--message-format=json"],
-    );
-    if !arch.is_host() {
-        cmd.args(["-p", "pgio-daemon", "-p", "pgio-testkit"]);
-    }
-    step(describe(&cmd));
-    let json = output(cmd.stderr(Stdio::inherit()))?;
-    let built = Executables::parse(&json)?;
+    let built = crate::test_build::build(root, arch)?;
     let tests = opts
         .tests
         .iter()
@@ -374,14 +359,7 @@ fn host_build(root: &Path, opts: &Options) -> Result<HostBuild> {
                 .with_context(|| format!("cargo built no test executable named {}", t.name))
         })
         .collect::<Result<Vec<_>>>()?;
-    let bin = |name: &str| {
-        built
-            .bins
-            .get(name)
-            .cloned()
-            .with_context(|| format!("cargo built no binary named {name}"))
-    };
-    let (daemon, load) = (bin("pgio-daemon")?, bin("pgio-load")?);
+    let (daemon, load) = (built.bin("pgio-daemon")?, built.bin("pgio-load")?);
     if !arch.is_host() {
         for exe in tests.iter().map(|(_, e)| e).chain([&daemon, &load]) {
             cross::check_file(exe, arch)?;
@@ -444,45 +422,6 @@ fn pg_majors(tests: &[TestSpec]) -> Vec<u32> {
     out.sort_unstable();
     out.dedup();
     out
-}
-
-/// What `cargo test --no-run --message-format=json` built: test targets and binaries by name.
-struct Executables {
-    tests: BTreeMap<String, PathBuf>,
-    bins: BTreeMap<String, PathBuf>,
-}
-
-impl Executables {
-    fn parse(json: &str) -> Result<Executables> {
-        let mut out = Executables {
-            tests: BTreeMap::new(),
-            bins: BTreeMap::new(),
-        };
-        for line in json.lines().filter(|l| l.starts_with('{')) {
-            let v: serde_json::Value =
-                serde_json::from_str(line).context("cargo's JSON message")?;
-            if v["reason"] != "compiler-artifact" {
-                continue;
-            }
-            let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
-            else {
-                continue;
-            };
-            let kind = |k: &str| {
-                v["target"]["kind"]
-                    .as_array()
-                    .is_some_and(|ks| ks.iter().any(|x| x == k))
-            };
-            // An integration test's harness, or a binary itself (not its unit-test harness).
-            let map = match (v["profile"]["test"] == true, kind("test"), kind("bin")) {
-                (true, true, _) => &mut out.tests,
-                (false, _, true) => &mut out.bins,
-                _ => continue,
-            };
-            map.insert(name.to_owned(), PathBuf::from(exe));
-        }
-        Ok(out)
-    }
 }
 
 /// The private apt state: its own sources.list, lists and archive cache; the host's apt

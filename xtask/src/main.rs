@@ -14,6 +14,7 @@ mod integration;
 mod ports;
 mod sbom;
 mod steps;
+mod test_build;
 mod toolchain;
 mod util;
 
