@@ -74,6 +74,10 @@ const HEATMAPS: &[(&str, &str)] = &[
     ("pgio-postgres", "fsync / fdatasync latency heatmap"),
     (
         "pgio-postgres",
+        "Off-CPU wait heatmap: $wait_type (processes other than client backends)",
+    ),
+    (
+        "pgio-postgres",
         "Block IO time heatmap: $device (submission → complete)",
     ),
     (
