@@ -9,8 +9,10 @@
 //!   books one per Query message the server logs (`log_statement = all`);
 //! - TLS connections (`sslmode=require`, a certificate made here): one cycle per
 //!   request/response, plus the connection's start-up cycles after the handshake (one with
-//!   `trust`, two where the server sends TLS 1.3 session tickets), each connection counted in `pgio_query_encrypted_connections_total`; a
-//!   pipeline with two Syncs is two cycles or one flagged in `pgio_query_multi_send_total`;
+//!   `trust`, or two where the server sends TLS 1.3 session tickets and the client's bytes
+//!   come in between: timing, so bounded, not exact), each connection counted in
+//!   `pgio_query_encrypted_connections_total`; a pipeline with two Syncs is two cycles or one
+//!   flagged in `pgio_query_multi_send_total`;
 //! - a walsender's replication commands are not queries of any series.
 //!
 //! On kernels >= 5.15 the socket calls' exits read their arguments from the saved registers;
@@ -20,7 +22,7 @@ mod common;
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
-use common::{Daemon, delta};
+use common::{Daemon, delta, delta_by, losses};
 use pgio_testkit::{
     Metrics, PgCluster, PgOptions, PsqlSession, pg_bin_dir, require_root, temp_dir, wait_until,
 };
@@ -75,6 +77,24 @@ impl Case {
             "PostgreSQL {}: {what}: {got} queries (want {want})",
             self.major
         );
+        if got != want {
+            // Where the cluster's queries went in the window (a query booked under another
+            // role, database or wire shows here; one booked nowhere does not).
+            let by = delta_by(
+                &before,
+                &after,
+                "pgio_query_seconds_count",
+                &[("pg_cluster", &self.cluster)],
+                &["role", "database", "user", "wire"],
+            );
+            eprintln!(
+                "PostgreSQL {}: {what}: the cluster's queries by series {by:?}; provisional \
+                 processes {}; {}",
+                self.major,
+                after.sum("pgio_provisional_processes", &[]),
+                losses(&before, &after)
+            );
+        }
         assert_eq!(got, want, "PostgreSQL {}: {what}", self.major);
         assert_eq!(
             self.count(&after, "encrypted") - self.count(&before, "encrypted"),
@@ -277,6 +297,7 @@ fn protocols(major: u32, port: u16, config: &str) {
     });
     // Idle in transaction: 4 queries, and the 0.5 s between them is in none.
     let mut session = c.warm_session();
+    let before = c.daemon().scrape();
     let after = c.expect_plain("BEGIN, SELECT, (idle 0.5 s), SELECT, COMMIT", 4.0, || {
         session.send("BEGIN;").expect("send");
         session.send("SELECT 1;").expect("send");
@@ -285,12 +306,17 @@ fn protocols(major: u32, port: u16, config: &str) {
         session.send("COMMIT;").expect("send");
     });
     drop(session);
-    let h = after
-        .histogram("pgio_query_seconds", &c.labels("plain"))
-        .expect("histogram");
+    // The window's 4 only (the run's other queries may take longer under load).
+    let short = |m: &Metrics| {
+        let h = m
+            .histogram("pgio_query_seconds", &c.labels("plain"))
+            .expect("histogram");
+        (h.count_le(0.268435456), h.count)
+    };
+    let ((short_before, all_before), (short_after, all_after)) = (short(&before), short(&after));
     assert_eq!(
-        h.count_le(0.268435456),
-        h.count,
+        short_after - short_before,
+        all_after - all_before,
         "no query holds the idle 0.5 s"
     );
     // A cancelled query is a query: active until its error is reported.
@@ -384,10 +410,12 @@ fn protocols(major: u32, port: u16, config: &str) {
     assert_eq!(conns, 3.0, "three TLS connections");
     // With trust authentication, a connection's start-up after the handshake flight is the
     // AuthenticationOk..ReadyForQuery cycle, and a cycle of TLS 1.3 session tickets where
-    // the server sends them (Debian's 15 and PyPI's 17 do, PyPI's 18 does not).
-    let startup = (cycles - n) / conns;
+    // the server sends them (Debian's 15 and PyPI's 17 do, PyPI's 18 does not) and the
+    // client's next bytes come between them: under load one connection of three had two and
+    // the others one (205 cycles on 15). A transaction each, exactly, plus that.
+    let startup = cycles - n;
     assert!(
-        startup == 1.0 || startup == 2.0,
+        startup >= conns && startup <= 2.0 * conns,
         "a transaction each, and one or two start-up cycles per connection: {cycles} cycles"
     );
     assert_eq!(c.count(&after, "plain") - c.count(&before, "plain"), 0.0);
@@ -418,10 +446,12 @@ fn protocols(major: u32, port: u16, config: &str) {
         eprintln!(
             "PostgreSQL {major}: TLS two-Sync pipelines: {cycles} cycles, {multi} multi-send"
         );
-        assert_eq!(
-            cycles + multi,
-            100.0 + 2.0 * startup,
-            "each Sync a cycle, or flagged (+ the start-up)"
+        // The one connection's start-up: one or two cycles, each flagged or not (its sends
+        // came together under load: 51 cycles, 50 multi-send on 18).
+        let extra = cycles + multi - 100.0;
+        assert!(
+            (1.0..=4.0).contains(&extra),
+            "each Sync a cycle, or flagged, + 1 to 4 for the start-up: {cycles} + {multi}"
         );
     }
 
