@@ -152,14 +152,18 @@ impl Discovery {
                 guard = ring.readable_mut() => {
                     let mut guard = guard.context("lifecycle ring buffer")?;
                     let events = lifecycle::drain(guard.get_inner_mut());
+                    let drained = std::time::Instant::now();
                     guard.clear_ready();
                     self.dispatch(events);
+                    lock(&self.shared).provisional.ring_drained(drained);
                 }
                 _ = rescan.tick() => {
                     match self.scan_all() {
                         Ok(gone) => {
                             let events = lifecycle::drain(ring.get_mut());
+                            let drained = std::time::Instant::now();
                             self.dispatch(events);
+                            lock(&self.shared).provisional.ring_drained(drained);
                             self.forget_missed(gone);
                         }
                         Err(e) => warn!(error = format!("{e:#}"), "rescan failed"),

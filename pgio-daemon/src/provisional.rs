@@ -27,11 +27,15 @@ const GRACE: Duration = Duration::from_secs(30);
 /// against the provisional owner's share (`pgbench -C` makes hundreds a second).
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// How long the events of a process that exited unclassified are held back for its title,
-/// which the kernel sent before the exit and discovery may read after it (`classified_late`).
-/// Then they go to the fallback for good: once shown under one series, counts never move to
-/// another (its counters would step back).
-const LATE_TITLE: Duration = Duration::from_secs(2);
+/// The longest the events of a process that exited unclassified are held back for its
+/// title, which the kernel sent before the exit and discovery may read after it
+/// (`classified_late`). They wait until discovery has drained the lifecycle ring after the
+/// close (the title, sent earlier, has been read by then: see `ring_drained`), or this long
+/// if it has not (the ring reader stuck). Then they go to the fallback for good: once shown
+/// under one series, counts never move to another (its counters would step back). A fixed
+/// 2 s lost a `pgbench -C` backend's query to `starting` once in CI, where a loaded node's
+/// discovery read the title later than that.
+const LATE_TITLE: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Default)]
 pub struct Provisional {
@@ -47,15 +51,20 @@ pub struct Provisional {
     /// stale, never counted under the labels the id is given next (`SYSCALL_ROW_GEN` holds
     /// the kernel's copy).
     generations: Vec<u32>,
+    /// When discovery last found the lifecycle ring empty, set once it has handled what it
+    /// read: every event the kernel sent before then has been handled.
+    ring_drained: Option<Instant>,
 }
 
 impl Entry {
-    /// Closed unclassified less than `LATE_TITLE` ago: its events wait for a late title.
-    fn holds_back(&self, now: Instant) -> bool {
+    /// Closed unclassified, and its title may still be in the ring: not drained since the
+    /// close, and less than `LATE_TITLE` ago. Its events wait for it.
+    fn holds_back(&self, now: Instant, ring_drained: Option<Instant>) -> bool {
         self.target.is_none()
-            && self
-                .closed_at
-                .is_some_and(|t| now.saturating_duration_since(t) < LATE_TITLE)
+            && !self.exit_seen
+            && self.closed_at.is_some_and(|t| {
+                ring_drained.is_none_or(|d| d <= t) && now.saturating_duration_since(t) < LATE_TITLE
+            })
     }
 }
 
@@ -67,6 +76,8 @@ struct Entry {
     target: Option<SeriesId>,
     /// When the kernel stopped booking events under the provisional series.
     closed_at: Option<Instant>,
+    /// Its exit came through the lifecycle ring, after any title the kernel sent for it.
+    exit_seen: bool,
 }
 
 /// Where a histogram key's series goes.
@@ -90,6 +101,7 @@ impl Provisional {
                 fallback,
                 target: None,
                 closed_at: None,
+                exit_seen: false,
             },
         );
     }
@@ -128,10 +140,24 @@ impl Provisional {
         if let Some(e) = self
             .entries
             .get_mut(&pid)
-            .filter(|e| e.target.is_none() && e.holds_back(now))
+            .filter(|e| e.target.is_none() && e.holds_back(now, self.ring_drained))
         {
             e.target = Some(series);
         }
+    }
+
+    /// The kernel's exit event for `pid` was handled: closed, and no title can follow it.
+    pub fn exited(&mut self, pid: u32) {
+        self.closed(pid);
+        if let Some(e) = self.entries.get_mut(&pid) {
+            e.exit_seen = true;
+        }
+    }
+
+    /// Discovery found the lifecycle ring empty at `at` and has handled every event it read
+    /// before: a title the kernel sent before `at` is known.
+    pub fn ring_drained(&mut self, at: Instant) {
+        self.ring_drained = Some(at);
     }
 
     /// `pid` exited or stopped being tracked before it was classified: its events stay
@@ -166,7 +192,7 @@ impl Provisional {
             Some(e) => match e.target {
                 Some(target) => Route::Fold(target),
                 // Exited unclassified: its title may still come (`classified_late`).
-                None if e.holds_back(now) => Route::Pending,
+                None if e.holds_back(now, self.ring_drained) => Route::Pending,
                 None => Route::Fold(e.fallback),
             },
             // The fork event has not been handled yet (the kernel writes keys first), or,
@@ -282,7 +308,7 @@ mod tests {
         assert_eq!(
             p.route_at(SeriesId::provisional(101), later),
             Route::Fold(s(3)),
-            "no title came: starting"
+            "no title came, and the ring was never drained: starting"
         );
         assert_eq!(
             p.route(SeriesId::provisional(102)),
@@ -302,6 +328,49 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert!(p.is_open(103));
         assert!(!p.has_closed(), "expired with their grace");
+    }
+
+    /// A /proc look that finds a backend gone closes it before discovery reads the ring
+    /// that holds its title: held back until the ring was drained after the close, however
+    /// late (CI lost a `pgbench -C` query to `starting` with a fixed 2 s); closed by its exit
+    /// event, which comes after its title, nothing is held back.
+    #[test]
+    fn a_late_title_waits_for_the_ring_not_a_clock() {
+        let mut p = Provisional::default();
+        p.forked(300, s(3));
+        p.ring_drained(Instant::now());
+        p.closed(300);
+        let closed = Instant::now();
+        let late = closed + Duration::from_secs(5);
+        assert_eq!(
+            p.route_at(SeriesId::provisional(300), late),
+            Route::Pending,
+            "5 s later, the ring not drained since the close"
+        );
+        // The drain that reads the title handles it before it is marked drained.
+        p.classified_late(300, s(8));
+        p.ring_drained(late);
+        assert_eq!(p.route(SeriesId::provisional(300)), Route::Fold(s(8)));
+
+        p.forked(301, s(3));
+        p.closed(301);
+        p.ring_drained(Instant::now() + Duration::from_millis(1));
+        assert_eq!(
+            p.route_at(
+                SeriesId::provisional(301),
+                Instant::now() + Duration::from_millis(2)
+            ),
+            Route::Fold(s(3)),
+            "drained after the close and no title: starting"
+        );
+
+        p.forked(302, s(3));
+        p.exited(302);
+        assert_eq!(
+            p.route(SeriesId::provisional(302)),
+            Route::Fold(s(3)),
+            "its exit event came after any title"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ impl Discovery {
             Some(LifecycleKind::Exit) => {
                 let mut shared = lock(&self.shared);
                 shared.pids.remove(&ev.pid);
-                shared.provisional.closed(ev.pid);
+                shared.provisional.exited(ev.pid);
                 // The kernel cleared it at exit; a classification racing with the exit may
                 // have written it again, and the pid will be reused.
                 self.kernel.clear(ev.pid);
