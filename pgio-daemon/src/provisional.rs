@@ -32,9 +32,9 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// (`classified_late`). They wait until discovery has drained the lifecycle ring after the
 /// close (the title, sent earlier, has been read by then: see `ring_drained`), or this long
 /// if it has not (the ring reader stuck). Then they go to the fallback for good: once shown
-/// under one series, counts never move to another (its counters would step back). A fixed
-/// 2 s lost a `pgbench -C` backend's query to `starting` once in CI, where a loaded node's
-/// discovery read the title later than that.
+/// under one series, counts never move to another (its counters would step back). With a
+/// fixed 2 s, a loaded node's discovery could read the title later than that: the likely
+/// way CI's `pgbench -C` lost one query of 200 from its client backend series.
 const LATE_TITLE: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Default)]
@@ -332,7 +332,7 @@ mod tests {
 
     /// A /proc look that finds a backend gone closes it before discovery reads the ring
     /// that holds its title: held back until the ring was drained after the close, however
-    /// late (CI lost a `pgbench -C` query to `starting` with a fixed 2 s); closed by its exit
+    /// late (a fixed 2 s could give a `pgbench -C` query to `starting`); closed by its exit
     /// event, which comes after its title, nothing is held back.
     #[test]
     fn a_late_title_waits_for_the_ring_not_a_clock() {
