@@ -21,6 +21,7 @@ pub mod queue_blame;
 pub mod relation;
 pub mod role_wait;
 pub mod syscall;
+pub mod wait_event;
 
 /// Largest tgid the `tgid → series` array (`TRACKED`) reaches as compiled: the kernel's
 /// PID_MAX_LIMIT (2^22). The loader shrinks it to this node's `/proc/sys/kernel/pid_max`.

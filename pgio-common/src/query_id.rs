@@ -54,6 +54,9 @@ pub struct IdSource {
     /// `sizeof(PGPROC)` and the offset of its `pid`, for this major version.
     pub proc_size: u32,
     pub proc_pid_at: u32,
+    /// The postmaster's PostgreSQL major version (`wait_event` names events by it).
+    pub major: u32,
+    pub _pad: u32,
 }
 
 impl IdSource {
@@ -120,7 +123,7 @@ impl Default for QueryIdRow {
     }
 }
 
-crate::abi_size!(IdSource, 64, 8);
+crate::abi_size!(IdSource, 72, 8);
 crate::abi_size!(QueryIdKey, 16, 8);
 crate::abi_size!(
     QueryIdRow,

@@ -105,8 +105,13 @@ pub struct QueryWait {
     pub wait_ns: [u64; PARTS],
     /// The thread this is for (a new one starts from nothing).
     pub tid: u32,
-    /// `Part` of the open interval.
-    pub part: u8,
+    /// `wait_event_info` of the open interval (`wait_event::UNREADABLE`: not read); its
+    /// `Part` is `part_of(info)`.
+    pub info: u32,
+    /// The thread's series when the open interval began (`wait_event` books under it).
+    pub series: crate::SeriesId,
+    /// The thread's PostgreSQL major version, found with `event_at` (0: not known).
+    pub major: u8,
     /// 1: the thread left the CPU inside an IO syscall that has not returned yet.
     pub in_io_call: u8,
     /// 1: the open interval counts as IO time (an `IO` event outside an IO syscall).
@@ -123,7 +128,7 @@ pub struct QueryParts {
     pub io_wait_ns: u64,
 }
 
-crate::abi_size!(QueryWait, 72 + 8 * PARTS + 8, 8);
+crate::abi_size!(QueryWait, 72 + 8 * PARTS + 16, 8);
 crate::abi_pod!(QueryWait);
 
 #[cfg(test)]

@@ -40,11 +40,14 @@ pub struct RoleThread {
     pub event_at: u64,
     /// The series the open interval is booked under.
     pub series: SeriesId,
-    /// `query_wait::Part` of the open interval.
-    pub part: u8,
-    pub _pad: [u8; 3],
+    /// `wait_event_info` of the open interval (`wait_event::UNREADABLE`: not read); its
+    /// `query_wait::Part` is `part_of(info)`.
+    pub info: u32,
+    /// The process's PostgreSQL major version, found with `event_at` (0: not known).
+    pub major: u8,
+    pub _pad: [u8; 7],
 }
 
 crate::abi_size!(RoleWaitKey, 8, 4);
-crate::abi_size!(RoleThread, 40, 8);
+crate::abi_size!(RoleThread, 48, 8);
 crate::abi_pod!(RoleWaitKey, RoleThread);

@@ -4,6 +4,7 @@ use crate::{
     block_io::BlockIoFamily, family::Family, io_worker::IoWorkerFamily, lifecycle::LifecycleFamily,
     query::QueryFamily, query_id::QueryIdFamily, queue_blame::QueueBlameFamily,
     relation::RelationFamily, role_wait::RoleWaitFamily, syscall::SyscallFamily,
+    wait_event::WaitEventFamily,
 };
 
 pub static FAMILIES: &[&dyn Family] = &[
@@ -15,5 +16,6 @@ pub static FAMILIES: &[&dyn Family] = &[
     &RelationFamily,
     &IoWorkerFamily,
     &RoleWaitFamily,
+    &WaitEventFamily,
     &LifecycleFamily,
 ];

@@ -58,6 +58,7 @@ pub mod top;
 pub mod tracefs;
 pub mod tracked_map;
 pub mod tracked_processes;
+pub mod wait_event;
 pub mod web_config;
 
 /// A panic while holding one of pgio's locks leaves plain data that is still consistent

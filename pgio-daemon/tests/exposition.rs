@@ -44,6 +44,7 @@ use pgio_daemon::{
     series::Tracked,
     syscall::{SyscallId, SyscallSnapshot},
     tracked_processes::TrackedProcesses,
+    wait_event::WaitEventId,
     web_config::WebSnapshot,
 };
 use pgio_testkit::metrics::{Metrics, Sample};
@@ -67,6 +68,8 @@ struct Readings {
     io_worker: IoWorkerSnapshot,
     /// Only in `all_families`.
     role_waits: HistSnapshot<RoleWaitId>,
+    /// Only in `all_families`.
+    wait_events: HistSnapshot<WaitEventId>,
     /// Only in `all_families`.
     queue_blame: HistSnapshot<QueueBlameId>,
     key_quota: KeyQuotaSnapshot,
@@ -97,7 +100,7 @@ fn exposition_bytes(r: &Readings, format: Format) -> Vec<u8> {
 fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
     let mut devices = Devices::fixed(r.names.clone(), r.volumes.clone());
     let mut enc = Encoder::new(format, 0);
-    let sources: [&dyn Snapshot; 15] = [
+    let sources: [&dyn Snapshot; 16] = [
         &r.block,
         &r.queue_blame,
         &r.syscalls,
@@ -106,6 +109,7 @@ fn all_families_bytes(r: &Readings, format: Format) -> Vec<u8> {
         &r.relations,
         &r.io_worker,
         &r.role_waits,
+        &r.wait_events,
         &r.key_quota,
         &TrackedProcesses,
         &DeviceInfo,
@@ -185,6 +189,27 @@ fn all_families() -> Readings {
         r.role_waits
             .0
             .insert(RoleWaitId { series: ckpt, part }, h(n as u64 + 40, 0));
+    }
+    // By individual event: the checkpointer's sleep (PostgreSQL 17), a client backend's row
+    // lock, two LWLock tranches of an extension (one `unknown` line) and a block with none.
+    for (n, (series, info, major)) in [
+        (ckpt, 0x0500_0004, 17),
+        (pg, 0x0300_0005, 15),
+        (pg, 0x0100_fff0, 15),
+        (pg, 0x0100_fff1, 15),
+        (pg, 0, 15),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        r.wait_events.0.insert(
+            WaitEventId {
+                series,
+                info,
+                major,
+            },
+            h(n as u64 + 50, 0),
+        );
     }
     // The client backend's reads on sdb waited behind the checkpointer's writes, behind the
     // device's `(rest)`, and behind its own.

@@ -6,7 +6,9 @@
 //! `pg_stat_activity`, `classify(read_process(pid))` must give app `postgres`, role =
 //! `backend_type`, for client backends user/database = usename/datname, and cluster =
 //! `cluster_name` (or the canonical data directory); the postmaster must be role `postmaster`
-//! with the same cluster. No eBPF daemon involved.
+//! with the same cluster. With the defaults, pgio's wait event names for the version must be
+//! the server's (`pg_wait_events` on 17+, the waits its processes show on every version). No
+//! eBPF daemon involved.
 //!
 //! Each run prints, per version and setting, the titles seen in /proc/<pid>/cmdline and what
 //! they classify as.
@@ -289,9 +291,63 @@ fn check_cluster(
             None => bad.push(format!("child {pid} {title} not classified")),
         }
     }
+    if matches!(variant, Variant::Default) {
+        bad.extend(wait_event_names(&pg, major)?);
+    }
     drop((idle, walsender, leader));
     pg.stop()?;
     Ok((table, bad))
+}
+
+/// pgio's names for `major`'s wait events against the server's: on 17+ every fixed event
+/// `pg_wait_events` lists, both ways; on every version the events its processes show now
+/// (the auxiliary processes' main loops, `PgSleep`, `ClientRead`) must be in pgio's table.
+fn wait_event_names(pg: &PgCluster, major: u32) -> anyhow::Result<Vec<String>> {
+    let ours: std::collections::BTreeSet<(String, String)> =
+        pgio_daemon::wait_event::names_of(major as u8)
+            .into_iter()
+            .map(|(t, n)| (t.to_owned(), n.to_owned()))
+            .collect();
+    let pairs = |sql: &str| -> anyhow::Result<std::collections::BTreeSet<(String, String)>> {
+        pg.psql(sql)?
+            .lines()
+            .map(|l| {
+                let (t, n) = l
+                    .split_once('|')
+                    .ok_or_else(|| anyhow::anyhow!("unexpected row {l:?}"))?;
+                Ok((t.to_owned(), n.to_owned()))
+            })
+            .collect()
+    };
+    let mut bad = Vec::new();
+    let now = pairs(
+        "select distinct wait_event_type, wait_event from pg_stat_activity \
+         where wait_event is not null",
+    )?;
+    anyhow::ensure!(
+        now.len() >= 4,
+        "PostgreSQL {major}: few waits to check: {now:?}"
+    );
+    for p in now.difference(&ours) {
+        bad.push(format!(
+            "wait event {p:?} of a running process is not in pg{major}.tsv"
+        ));
+    }
+    if major >= 17 {
+        let listed = pairs("select type, name from pg_wait_events where type <> 'InjectionPoint'")?;
+        for p in listed.difference(&ours) {
+            bad.push(format!("pg_wait_events has {p:?}, pg{major}.tsv does not"));
+        }
+        for p in ours.difference(&listed) {
+            bad.push(format!("pg{major}.tsv has {p:?}, pg_wait_events does not"));
+        }
+        eprintln!(
+            "PostgreSQL {major}: {} wait events in pg_wait_events, {} in pgio's table",
+            listed.len(),
+            ours.len()
+        );
+    }
+    Ok(bad)
 }
 
 /// `pg_stat_activity` without our own query's backend (gone by the time /proc is read).

@@ -10,7 +10,9 @@
 //! - a cold scan (PostgreSQL 18, the io workers read): the query's IO time 80-101 % of
 //!   `pg_stat_io.read_time` of client backends (PostgreSQL times the wait for the io workers,
 //!   and the CPU time of starting each read);
-//! - every case: the parts add up to the queries' time within 1 %.
+//! - every case: the parts add up to the queries' time within 1 %; the blocked time by
+//!   individual wait event (`pgio_wait_event_seconds_total`) adds up to each type's part,
+//!   every event has its name, `PgSleep` and `transactionid` as above.
 mod common;
 
 use std::{collections::BTreeMap, time::Duration};
@@ -45,6 +47,8 @@ struct Window {
     seconds: f64,
     io: f64,
     parts: BTreeMap<String, f64>,
+    /// Blocked time by (wait_event_type, wait_event), `pgio_wait_event_seconds_total`.
+    events: BTreeMap<(String, String), f64>,
     /// The backend's run time and run-queue time (`/proc/<pid>/schedstat`), seconds.
     run: f64,
     queued: f64,
@@ -53,6 +57,13 @@ struct Window {
 impl Window {
     fn part(&self, p: &str) -> f64 {
         self.parts.get(p).copied().unwrap_or(0.0)
+    }
+
+    fn event(&self, ty: &str, ev: &str) -> f64 {
+        self.events
+            .get(&(ty.to_owned(), ev.to_owned()))
+            .copied()
+            .unwrap_or(0.0)
     }
 }
 
@@ -97,6 +108,18 @@ impl Bench<'_> {
         out
     }
 
+    fn events(&self, m: &Metrics) -> BTreeMap<(String, String), f64> {
+        let mut out = BTreeMap::new();
+        for s in m.matching("pgio_wait_event_seconds_total", &series(&self.cluster)) {
+            let key = (
+                s.labels["wait_event_type"].clone(),
+                s.labels["wait_event"].clone(),
+            );
+            *out.entry(key).or_default() += s.value;
+        }
+        out
+    }
+
     /// Sends `sql` and waits until it is booked (outside any window).
     fn run(&mut self, sql: &str) {
         let (daemon, session) = (self.daemon, &mut self.session);
@@ -130,19 +153,27 @@ impl Bench<'_> {
             .map(|(k, v)| (k.clone(), v - p0.get(k).copied().unwrap_or(0.0)))
             .filter(|(_, v)| *v != 0.0)
             .collect();
+        let (e0, e1) = (self.events(&before), self.events(&after));
+        let events = e1
+            .iter()
+            .map(|(k, v)| (k.clone(), v - e0.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, v)| *v != 0.0)
+            .collect();
         let d = |name: &str| after.sum(name, &l) - before.sum(name, &l);
         let w = Window {
             queries: d("pgio_query_seconds_count"),
             seconds: d("pgio_query_seconds_sum"),
             io: d("pgio_query_io_seconds_sum"),
             parts,
+            events,
             run: s1.0 - s0.0,
             queued: s1.1 - s0.1,
         };
         eprintln!(
-            "{}: {sql}: {} queries, {:.4} s (IO {:.4} s); parts {:?}; schedstat run {:.4} s, queued {:.4} s",
-            self.name, w.queries, w.seconds, w.io, w.parts, w.run, w.queued
+            "{}: {sql}: {} queries, {:.4} s (IO {:.4} s); parts {:?}; events {:?}; schedstat run {:.4} s, queued {:.4} s",
+            self.name, w.queries, w.seconds, w.io, w.parts, w.events, w.run, w.queued
         );
+        events_match_parts(&self.name, sql, &w);
         let sum: f64 = w.parts.values().sum();
         assert!(
             (sum - w.seconds).abs() <= 0.01 * w.seconds + 1e-4,
@@ -152,6 +183,40 @@ impl Bench<'_> {
             losses(&before, &after)
         );
         w
+    }
+}
+
+/// The individual events are the same blocked intervals as the parts by type: each type's
+/// events add up to its part (1 % and 1 ms), but `IO`, whose part also holds the on-CPU time
+/// of IO syscalls (never below its events). Every event PostgreSQL set has its name: none is
+/// `unknown` under a known type.
+fn events_match_parts(name: &str, sql: &str, w: &Window) {
+    let mut by_type: BTreeMap<&str, f64> = BTreeMap::new();
+    for ((ty, ev), v) in &w.events {
+        *by_type.entry(ty.as_str()).or_default() += v;
+        assert!(
+            ev != "unknown" || ty == "unknown",
+            "{name}: {sql}: {v:.4} s under {ty} with no name ({:?})",
+            w.events
+        );
+    }
+    let types = w
+        .parts
+        .keys()
+        .map(String::as_str)
+        .chain(by_type.keys().copied());
+    for ty in types.filter(|t| !["cpu", "runnable"].contains(t)) {
+        let (events, part) = (by_type.get(ty).copied().unwrap_or(0.0), w.part(ty));
+        let ok = if ty == "IO" {
+            events <= part * 1.01 + 1e-3
+        } else {
+            (events - part).abs() <= 0.01 * part + 1e-3
+        };
+        assert!(
+            ok,
+            "{name}: {sql}: {ty}: events {events:.4} s, part {part:.4} s ({:?})",
+            w.events
+        );
     }
 }
 
@@ -292,6 +357,8 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
 
     let w = b.window("select pg_sleep(1);", 1.0, || {});
     within(&name, "pg_sleep(1) Timeout", w.part("Timeout"), 1.0, 0.05);
+    let sleep = w.event("Timeout", "PgSleep");
+    within(&name, "pg_sleep(1) Timeout/PgSleep", sleep, 1.0, 0.05);
 
     // A row lock held for 2 s by another session.
     let mut locker = pg.session(DB, "postgres").expect("locker");
@@ -307,6 +374,14 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
         locker.send("commit;").expect("send");
     });
     within(&name, "blocked UPDATE's Lock", w.part("Lock"), 2.0, 0.05);
+    let row_lock = w.event("Lock", "transactionid");
+    within(
+        &name,
+        "blocked UPDATE's Lock/transactionid",
+        row_lock,
+        2.0,
+        0.05,
+    );
     drop(locker);
 
     let cpu_bound = "select count(*) from (select generate_series(1, 10000000)) s;";

@@ -1,8 +1,10 @@
 //! The hook table: the programs of the kernel hooks that more than one family rides on, each
 //! calling its families in order. A family that needs one of these hooks adds its line here;
 //! no family calls into another's module (`thread` and `tracked` below them hold what they
-//! all read). One exception, a family's second key rather than a hook's rider: `query_id`,
-//! which books the runs `query` moves into its rows, from `query` itself. The block hooks'
+//! all read). Two exceptions, a family's second key rather than a hook's rider: `query_id`,
+//! which books the runs `query` moves into its rows, from `query` itself; `wait_event`, which
+//! books each blocked interval `query_wait` and `role_wait` settle under its individual wait
+//! event, from their settling. The block hooks'
 //! riders (`BlockRiders`) are handed the request's in-flight entry by `block_io`, so they need
 //! no lookup of their own.
 //!
@@ -13,7 +15,7 @@
 //! | `block_rq_complete` | block_io (device, queue and whole time), queue_blame (the device's clock moves) |
 //! | `sys_exit_<IO syscall>` | syscall (latency), query (IO time of the running query), relation (per file) |
 //! | `sys_enter_<IO syscall>` | syscall (the start), io_worker (an io worker's call booked under the backend served) |
-//! | `sched_switch` | query_wait (a query thread's blocked intervals), role_wait (the other PostgreSQL processes' waits), query (this CPU's runs), syscall (the thread's call in progress) |
+//! | `sched_switch` | query_wait (a query thread's blocked intervals), role_wait (the other PostgreSQL processes' waits), both with wait_event (the interval by individual event), query (this CPU's runs), syscall (the thread's call in progress) |
 //! | `sched_process_fork` | lifecycle (the child's series, the fork event), query_id (where the child's id is) |
 //! | `sched_process_exit` | syscall, query, relation, role_wait (the thread's state); for a process: query_id, lifecycle |
 use aya_ebpf::{

@@ -26,6 +26,7 @@ mod sys_record;
 mod syscall;
 mod thread;
 mod tracked;
+mod wait_event;
 
 #[cfg(not(test))]
 #[panic_handler]

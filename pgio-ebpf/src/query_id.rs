@@ -98,20 +98,23 @@ fn find_id(tgid: u32) -> u64 {
 }
 
 /// Where the current process' wait event is (`*my_wait_event_info`: its `PGPROC`'s, in shared
-/// memory, once the backend has started); 0 while not known.
+/// memory, once the backend has started), 0 while not known; and its PostgreSQL major.
 #[inline(always)]
-pub fn wait_event_at() -> u64 {
+pub fn wait_event_at() -> (u64, u8) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let Some(src) = QUERY_ID_SOURCE.get_ptr(&tgid) else {
-        return 0;
+        return (0, 0);
     };
     // SAFETY: a map value; then a read of the process' own memory, which may fail.
     unsafe {
         let at = (*src).my_wait_event_info;
         if at == 0 {
-            return 0;
+            return (0, 0);
         }
-        bpf_probe_read_user(at as *const u64).unwrap_or(0)
+        (
+            bpf_probe_read_user(at as *const u64).unwrap_or(0),
+            (*src).major as u8,
+        )
     }
 }
 

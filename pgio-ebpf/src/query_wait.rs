@@ -16,12 +16,13 @@ use pgio_common::{
     query::{QUERY_SETS, QUERY_WAYS, QueryRun},
     query_wait::{PARTS, Part, QueryWait, part_of},
     syscall::Syscall,
+    wait_event::UNREADABLE,
 };
 
 use crate::{
     atomic::atomic_add,
     kernel_offsets::{task_u32, task_u64},
-    thread,
+    thread, tracked, wait_event,
 };
 
 /// `queries` from the config, written by userspace at load; `on()` also needs the offsets of
@@ -103,11 +104,13 @@ unsafe fn settle(w: *mut QueryWait, delay: u64) {
         }
         let queued = delay.wrapping_sub((*w).off_delay);
         let blocked = (on - off).saturating_sub(queued);
-        let p = (*w).part as usize;
+        let info = (*w).info;
+        let p = part_of(info) as usize;
         if p < PARTS {
             (*w).wait_ns[p] += blocked;
         }
         (*w).blocked_ns += blocked;
+        wait_event::book((*w).series, info, (*w).major, blocked);
         // IO time is wall-clock, like a syscall's and like PostgreSQL's `read_time`: until
         // the thread ran again, its run-queue wait after the wake-up included.
         if (*w).open_io != 0 {
@@ -116,22 +119,19 @@ unsafe fn settle(w: *mut QueryWait, delay: u64) {
     }
 }
 
-/// The wait event of the thread leaving the CPU (or returning from an IO syscall), from its
-/// own memory.
+/// The `wait_event_info` of the thread leaving the CPU (or returning from an IO syscall),
+/// from its own memory; `UNREADABLE` if it cannot be read.
 ///
 /// SAFETY: `w` is that thread's `QUERY_WAIT` value, and the program runs in its context.
 #[inline(always)]
-unsafe fn wait_event(w: *const QueryWait) -> Part {
+unsafe fn wait_event_info(w: *const QueryWait) -> u32 {
     // SAFETY: as the caller says; then a read of the thread's memory, which may fail.
     unsafe {
         let at = (*w).event_at;
         if at == 0 {
-            return Part::Unknown;
+            return UNREADABLE;
         }
-        match bpf_probe_read_user(at as *const u32) {
-            Ok(info) => part_of(info),
-            Err(_) => Part::Unknown,
-        }
+        bpf_probe_read_user(at as *const u32).unwrap_or(UNREADABLE)
     }
 }
 
@@ -204,16 +204,18 @@ fn left_cpu(i: u32, task: u64, tid: u32, preempt: bool) {
         (*w).off_ns = bpf_ktime_get_ns();
         (*w).off_delay = delay;
         (*w).on_ns = 0;
-        let part = wait_event(w);
-        (*w).part = part as u8;
-        (*w).open_io = (part == Part::Io && (*w).in_io_call == 0) as u8;
+        let info = wait_event_info(w);
+        (*w).info = info;
+        (*w).series = tracked::series_of(tid).unwrap_or(pgio_common::SeriesId::UNTRACKED);
+        (*w).open_io = (part_of(info) == Part::Io && (*w).in_io_call == 0) as u8;
     }
 }
 
 /// A query starts on way `i` of thread `tid` (running): its parts from nothing.
-/// `event_at` finds where the thread's wait event is, asked once per connection.
+/// `event_at` finds where the thread's wait event is and its PostgreSQL major version, asked
+/// once per connection.
 #[inline(always)]
-pub fn begin(i: u32, tid: u32, event_at: impl FnOnce() -> u64) {
+pub fn begin(i: u32, tid: u32, event_at: impl FnOnce() -> (u64, u8)) {
     if !on() {
         return;
     }
@@ -228,7 +230,7 @@ pub fn begin(i: u32, tid: u32, event_at: impl FnOnce() -> u64) {
             (*w).event_at = 0;
         }
         if (*w).event_at == 0 {
-            (*w).event_at = event_at();
+            ((*w).event_at, (*w).major) = event_at();
         }
         core::ptr::write_volatile(&raw mut (*w).off_ns, 0);
         core::ptr::write_volatile(&raw mut (*w).on_ns, 0);
@@ -288,7 +290,7 @@ pub fn io_call_done(i: u32, ns: u64) {
         if (*w).in_query == 0 || on_cpu == 0 {
             return;
         }
-        let p = wait_event(w);
+        let p = part_of(wait_event_info(w));
         if p != Part::NoEvent && p != Part::Unknown && (p as usize) < PARTS {
             (*w).wait_ns[p as usize] += on_cpu;
         }

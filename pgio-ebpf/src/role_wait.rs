@@ -12,12 +12,13 @@ use pgio_common::{
     hist::slot,
     query_wait::{Part, part_of},
     role_wait::{QUOTA, RoleThread, RoleWaitKey},
+    wait_event::UNREADABLE,
 };
 
 use crate::{
     hist,
     kernel_offsets::{task_sched, task_u32, task_u64},
-    query_id, tracked,
+    query_id, tracked, wait_event,
 };
 
 /// Off-CPU intervals per (series, part), one log2 slot a key.
@@ -37,8 +38,9 @@ static NEW_THREAD: RoleThread = RoleThread {
     on_ns: 0,
     event_at: 0,
     series: SeriesId::UNTRACKED,
-    part: 0,
-    _pad: [0; 3],
+    info: 0,
+    major: 0,
+    _pad: [0; 7],
 };
 
 /// The series of thread `tid` if it is a classified PostgreSQL process other than a client
@@ -112,8 +114,9 @@ fn left_cpu(task: u64, tid: u32, series: SeriesId, preempt: bool) {
             // An interval whose end was not seen (pgio attached meanwhile) is dropped.
             if on >= off {
                 let queued = delay.wrapping_sub((*t).off_delay).min(on - off);
-                let p = Part::try_from((*t).part).unwrap_or(Part::Unknown);
-                book((*t).series, p, on - off - queued);
+                let (series, info) = ((*t).series, (*t).info);
+                book(series, part_of(info), on - off - queued);
+                wait_event::book(series, info, (*t).major, on - off - queued);
                 if queued != 0 {
                     book((*t).series, Part::Runnable, queued);
                 }
@@ -126,21 +129,18 @@ fn left_cpu(task: u64, tid: u32, series: SeriesId, preempt: bool) {
         (*t).off_delay = delay;
         (*t).on_ns = 0;
         (*t).series = series;
-        if (*t).event_at == 0 {
-            (*t).event_at = query_id::source(tid)
-                .filter(|s| s.my_wait_event_info != 0)
-                .and_then(|s| bpf_probe_read_user(s.my_wait_event_info as *const u64).ok())
-                .unwrap_or(0);
+        if (*t).event_at == 0
+            && let Some(s) = query_id::source(tid).filter(|s| s.my_wait_event_info != 0)
+        {
+            (*t).event_at = bpf_probe_read_user(s.my_wait_event_info as *const u64).unwrap_or(0);
+            (*t).major = s.major as u8;
         }
         let at = (*t).event_at;
-        (*t).part = if at == 0 {
-            Part::Unknown
+        (*t).info = if at == 0 {
+            UNREADABLE
         } else {
-            match bpf_probe_read_user(at as *const u32) {
-                Ok(info) => part_of(info),
-                Err(_) => Part::Unknown,
-            }
-        } as u8;
+            bpf_probe_read_user(at as *const u32).unwrap_or(UNREADABLE)
+        };
     }
 }
 

@@ -204,6 +204,8 @@ pub fn find(pid: u32) -> io::Result<IdSource> {
         my_proc_number: found[4].unwrap_or(0),
         proc_size,
         proc_pid_at,
+        major,
+        _pad: 0,
     })
 }
 
