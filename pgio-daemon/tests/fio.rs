@@ -2,8 +2,12 @@
 //! loop device (its backing file written, so each read is a read of the disk below) with
 //! psync, libaio and io_uring. Per engine, pgio's read requests on the device
 //! plus the ones it reports lost equal the /proc/diskstats delta exactly, all on fio's series,
-//! every one timed (device, queue and whole time), and the p50, p90 and p99 of pgio's whole
-//! time (submission to completion) fall within one log2 bucket of fio's clat.
+//! every one timed (device, queue and whole time), and the p50 and p90 of pgio's whole time
+//! (submission to completion) fall within one log2 bucket of fio's clat, the p99 never more
+//! than one above it. fio's clat also holds the wait for a CPU between the completion and
+//! fio running again: with the CPUs busy that wait is the tail (a fresh-clone CI run beside a
+//! 7-minute `nice -n 19` build, load average up to 20: psync p99 pgio 2^18 ns, fio 2^22 ns,
+//! p50 and p90 within one bucket), so pgio's tail may only be below fio's, never above.
 mod common;
 
 use std::time::Duration;
@@ -139,8 +143,12 @@ fn fio_reads_equal_diskstats_and_pgio_latency_matches_fio_clat() {
             .zip(&pgio_buckets)
             .zip(&fio_buckets)
         {
+            let within = |p: i32| match *q {
+                "p99" => p - f <= 1,
+                _ => (p - f).abs() <= 1,
+            };
             check(
-                p.is_some_and(|p| (p - f).abs() <= 1),
+                p.is_some_and(within),
                 format!("{q}: pgio bucket 2^{p:?} ns, fio clat bucket 2^{f} ns"),
             );
         }
