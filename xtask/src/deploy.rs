@@ -44,13 +44,13 @@ mod psa;
 mod rules;
 
 /// A Go program installed with `go install <package>@<version>`.
-struct GoTool {
-    name: &'static str,
-    package: &'static str,
-    version: &'static str,
+pub(crate) struct GoTool {
+    pub(crate) name: &'static str,
+    pub(crate) package: &'static str,
+    pub(crate) version: &'static str,
 }
 
-const HELM: GoTool = GoTool {
+pub(crate) const HELM: GoTool = GoTool {
     name: "helm",
     package: "helm.sh/helm/v3/cmd/helm",
     version: "v3.22.0",
@@ -68,12 +68,12 @@ const KUBERNETES_VALIDATE: &str = "1.37.0";
 /// Validated against every minor from the oldest Kubernetes the chart accepts (Chart.yaml
 /// `kubeVersion`, checked) to the newest the schemas know.
 const OLDEST_MINOR: u32 = 25;
-const NEWEST_MINOR: u32 = 37;
+pub(crate) const NEWEST_MINOR: u32 = 37;
 /// The first minor with `securityContext.appArmorProfile`; older ones take the annotation
 /// (the chart picks by version, kustomize by components/apparmor-annotation).
 const APPARMOR_FIELD_MINOR: u32 = 30;
 
-fn kube_version(minor: u32) -> String {
+pub(crate) fn kube_version(minor: u32) -> String {
     format!("1.{minor}.0")
 }
 
@@ -278,7 +278,7 @@ pub fn check(root: &Path) -> Result<()> {
 // ---- tools -------------------------------------------------------------------------------
 
 /// `<tools>/<name>-<version>/<name>`, built with `go install` unless it is there.
-fn ensure_go_tool(tools: &Path, t: &GoTool) -> Result<PathBuf> {
+pub(crate) fn ensure_go_tool(tools: &Path, t: &GoTool) -> Result<PathBuf> {
     let dir = tools.join(format!("{}-{}", t.name, t.version));
     let bin = dir.join(t.name);
     if bin.is_file() {

@@ -25,7 +25,28 @@ use crate::{apt, build};
 /// Where the SBOM sits in the image.
 const SBOM_IN_IMAGE: &str = "/usr/share/doc/pgio/sbom.spdx.json";
 
+/// What [`build_all`] made: the index and what `cargo xtask release` publishes with it.
+pub struct Built {
+    /// pgio-daemon's version: the tag of everything built.
+    pub version: String,
+    /// `localhost/pgio:<version>-index` in podman's storage.
+    pub index: String,
+    /// The index's digest as pushed to the OCI layout (`sha256:…`).
+    pub digest: String,
+    /// That OCI layout (`target/image/oci/`): the index and its manifests as blobs.
+    pub layout: PathBuf,
+    /// The SPDX SBOM of each platform's image (also inside the image).
+    pub sboms: Vec<(Arch, PathBuf)>,
+}
+
 pub fn image(root: &Path, skip_setup: bool) -> Result<()> {
+    let built = build_all(root, skip_setup)?;
+    println!("{}", built.digest);
+    Ok(())
+}
+
+/// Builds both platforms' images and their index (`cargo xtask image` without the printing).
+pub fn build_all(root: &Path, skip_setup: bool) -> Result<Built> {
     build::build(root, true, skip_setup)?;
     if !skip_setup {
         apt::ensure(podman::PACKAGES)?;
@@ -44,6 +65,7 @@ pub fn image(root: &Path, skip_setup: bool) -> Result<()> {
     let index = format!("localhost/pgio:{version}-index");
 
     let mut images = Vec::new();
+    let mut sboms = Vec::new();
     for arch in Arch::ALL {
         let started = Instant::now();
         cross::ensure(arch, skip_setup)?;
@@ -113,6 +135,7 @@ pub fn image(root: &Path, skip_setup: bool) -> Result<()> {
             fmt_duration(started.elapsed())
         ));
         images.push((arch, tags[0].clone(), image));
+        sboms.push((arch, sbom_path));
     }
 
     // The index: recreated from the per-platform images each time.
@@ -162,8 +185,13 @@ pub fn image(root: &Path, skip_setup: bool) -> Result<()> {
             image.size_bytes
         ));
     }
-    println!("{}", digest.trim());
-    Ok(())
+    Ok(Built {
+        version,
+        index,
+        digest: digest.trim().to_owned(),
+        layout,
+        sboms,
+    })
 }
 
 /// `os/arch` of each manifest in `podman manifest inspect`'s JSON, sorted.

@@ -12,6 +12,7 @@ mod deploy;
 mod image;
 mod integration;
 mod ports;
+mod release;
 mod sbom;
 mod steps;
 mod test_build;
@@ -167,6 +168,24 @@ enum Cmd {
         #[command(flatten)]
         setup: SetupFlag,
     },
+    /// Build the images as `image` does, push the index (amd64 + arm64) to
+    /// <REGISTRY>:<version>, push the Helm chart pinned to its digest to
+    /// oci://<host>/<repo's parent>/charts, and write target/dist/pgio-<version>/ (chart,
+    /// SBOMs, release.json, SHA256SUMS). `podman login` first.
+    Release {
+        #[command(flatten)]
+        setup: SetupFlag,
+        /// `<host[:port]>/<repository>`, e.g. registry.example.com/team/pgio.
+        #[arg(long, required_unless_present = "self_test")]
+        registry: Option<String>,
+        /// `false`: HTTPS without certificate checks, or plain HTTP (podman's meaning).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        tls_verify: bool,
+        /// Release to a registry started on 127.0.0.1 and pull it back: each platform by
+        /// digest, run, the chart rendered. As root.
+        #[arg(long, conflicts_with = "registry")]
+        self_test: bool,
+    },
 }
 
 #[derive(Args)]
@@ -202,6 +221,18 @@ fn real_main() -> Result<()> {
             sample_secs,
         } => commands::soak(&root, setup.skip_setup, minutes, sample_secs),
         Cmd::Image { setup } => image::image(&root, setup.skip_setup),
+        Cmd::Release {
+            setup,
+            registry,
+            tls_verify,
+            self_test,
+        } => release::command(
+            &root,
+            registry.as_deref(),
+            tls_verify,
+            setup.skip_setup,
+            self_test,
+        ),
         Cmd::Integration {
             setup,
             kernel,
