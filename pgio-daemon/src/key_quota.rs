@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
-    maps::{Array, MapData, PerCpuArray},
+    maps::{Array, MapData},
 };
 use pgio_common::{SeriesId, key_quota::allowance_index};
 
@@ -42,7 +42,7 @@ pub struct KeyQuota {
     tracked: SharedTracked,
     maps: Vec<Arc<dyn Balanced>>,
     allowance: Mutex<Array<MapData, i64>>,
-    refused: PerCpuArray<MapData, u64>,
+    refused: Array<MapData, u64>,
     /// The kernel's refusal counts at the last balance, per map and slot.
     refused_seen: Mutex<Vec<Vec<u64>>>,
     on: Mutex<Array<MapData, u32>>,
@@ -93,9 +93,7 @@ impl KeyQuota {
                 let n: u64 = self
                     .refused
                     .get(&index, 0)
-                    .with_context(|| format!("reading {REFUSED_MAP}"))?
-                    .iter()
-                    .sum();
+                    .with_context(|| format!("reading {REFUSED_MAP}"))?;
                 let new = n.saturating_sub(refused_seen[i][s]);
                 refused_seen[i][s] = n;
                 if new > 0 {

@@ -60,6 +60,11 @@ fn a_big_node_costs_what_a_small_one_does_but_for_small_per_cpu_maps() {
     let total = |cpus| shapes.iter().map(|(_, s)| s.bytes(cpus)).sum::<u64>() as f64 / MIB;
     let (small, big) = (total(2), total(128));
     eprintln!("maps at 2 possible CPUs {small:.1} MiB, at 128: {big:.1} MiB");
+    let mut largest: Vec<_> = shapes.iter().map(|(n, s)| (s.bytes(128), n)).collect();
+    largest.sort_unstable_by(|a, b| b.cmp(a));
+    for (bytes, name) in largest.iter().take(12) {
+        eprintln!("  {name}: {:.2} MiB at 128", *bytes as f64 / MIB);
+    }
     for (name, s) in &shapes {
         let grows = (s.bytes(128) - s.bytes(2)) as f64 / MIB;
         assert!(
