@@ -57,6 +57,10 @@ static SYSCALL_ROWS_N: u32 = SYSCALL_ROWS;
 /// `fd`: the call's file descriptor, asked only of a tracked process' call.
 #[inline(always)]
 fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
+    // Untracked (most processes of a node): one helper and one array read, not the slot.
+    let Some(mut series) = tracked::series_of(thread::current().1) else {
+        return 0;
+    };
     let Some(c) = thread::slot() else {
         return 0;
     };
@@ -64,9 +68,6 @@ fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
     // whose exit was missed (pgio attached mid-call): another thread's would have been
     // moved out at the switch.
     unsafe {
-        let Some(mut series) = tracked::series_of((*c).tgid) else {
-            return 0;
-        };
         // An io worker's IO is booked under the backend it does it for.
         if !sc.is_wait() && tracked::serves_backends(series) {
             series = io_worker::acting_series((*c).tgid).unwrap_or(series);
@@ -93,8 +94,6 @@ fn take_start(c: *mut CpuSyscall) -> Option<SyscallStart> {
             (*c).open = 0;
             return ((*c).start.start_ns != 0).then_some((*c).start);
         }
-        // Only a tracked process' calls are ever spilled: spare the others a hash lookup.
-        tracked::series_of((*c).tgid)?;
         let tid = (*c).tid;
         // SAFETY: a map value; only this thread's programs touch its key.
         let s = *SYSCALL_SPILLED.get(&tid)?;
@@ -131,6 +130,9 @@ impl IoExit {
 /// Books the call's latency; `Some` for an IO call, whose exit other families ride on.
 #[inline(always)]
 pub fn exit(sc: Syscall) -> Option<IoExit> {
+    // Untracked: nothing was started, so no slot to look at. (A process untracked mid-call
+    // leaves its start in the slot: the next enter overwrites it, the next switch drops it.)
+    tracked::series_of(thread::current().1)?;
     let c = thread::slot()?;
     let s = take_start(c)?;
     if s.syscall != sc as u8 {
@@ -286,7 +288,10 @@ pub fn switched_out() {
     unsafe {
         if (*c).open != 0 {
             (*c).open = 0;
+            // Only a tracked process' start is kept: one untracked mid-call is dropped here,
+            // never found by a later exit of a call of the same kind.
             if (*c).start.start_ns != 0
+                && tracked::series_of((*c).tgid).is_some()
                 && SYSCALL_SPILLED.insert(&(*c).tid, &(*c).start, 0).is_err()
             {
                 drops::count(DropReason::SyscallStartUnavailable);

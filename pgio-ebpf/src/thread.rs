@@ -1,7 +1,7 @@
-//! The running thread, as every family's programs see it: its ids, kept in its CPU's slot
-//! (`SYSCALL_CPU`) from the first program that asks until the next switch, so a thread that is
-//! not switched out between its calls (a cached read loop) pays the helper call once. The slot
-//! also holds the syscall family's call in progress (`syscall` reads and writes that part).
+//! The running thread, as every family's programs see it: its ids (`current`, from the
+//! kernel), and its CPU's slot (`SYSCALL_CPU`), which holds the syscall family's call in
+//! progress of a tracked thread (`syscall` reads and writes that part) with the ids filled in
+//! by the first program that looks at it since the last switch.
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::PerCpuArray};
 use pgio_common::syscall::CpuSyscall;
 
@@ -31,16 +31,12 @@ pub fn slot_as_is() -> Option<*mut CpuSyscall> {
     SYSCALL_CPU.get_ptr_mut(0)
 }
 
-/// The running thread's (tid, tgid), from this CPU's slot: the helper is called once between
-/// two switches, whichever program asks first.
+/// The running thread's (tid, tgid), from the kernel: the helper costs an empty program
+/// +0.5 ns, a lookup of the CPU's slot +5 to +9 (BENCHMARKS.md, the pieces), so a program
+/// that does not need the slot does not look it up (the untracked path of every process on
+/// the node).
 #[inline(always)]
 pub fn current() -> (u32, u32) {
-    match slot() {
-        // SAFETY: this CPU's slot (see `slot`).
-        Some(c) => unsafe { ((*c).tid, (*c).tgid) },
-        None => {
-            let pid_tgid = bpf_get_current_pid_tgid();
-            (pid_tgid as u32, (pid_tgid >> 32) as u32)
-        }
-    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    (pid_tgid as u32, (pid_tgid >> 32) as u32)
 }
