@@ -1067,13 +1067,15 @@ fn bootstrap_interval(n: usize, resamples: usize, stat: impl Fn(&[usize]) -> f64
     (at(0.025), at(0.975))
 }
 
-/// `cargo bench` of pgio-daemon's criterion benches; mean ns of each from criterion's JSON.
-fn criterion(root: &Path, quick: bool) -> Result<Vec<(String, f64)>> {
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root)
-        .args(["bench", "-p", "pgio-daemon", "--bench", "userspace"]);
+/// pgio-daemon's criterion benches (`exe`, from the shared release build), run as `cargo
+/// bench` would run them; mean ns of each from criterion's JSON.
+fn criterion(root: &Path, exe: &Path, quick: bool) -> Result<Vec<(String, f64)>> {
+    let mut cmd = Command::new(exe);
+    cmd.current_dir(root.join("pgio-daemon"))
+        .env("CRITERION_HOME", target_dir(root).join("criterion"))
+        .arg("--bench");
     if quick {
-        cmd.args(["--", "--quick", "metrics_5000_series|classify|proc_scan"]);
+        cmd.args(["--quick", "metrics_5000_series|classify|proc_scan"]);
     }
     run(&mut cmd)?;
     let mut out = Vec::new();
@@ -1160,7 +1162,7 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
     let block = block::block_cost(&bins.daemon, o.block_secs)?;
     let footprint = footprint(&bins, if o.quick { 2 } else { 10 })?;
     let tps = pgbench_pairs(&bins, o)?;
-    let crit = criterion(root, o.quick)?;
+    let crit = criterion(root, &built.bench("userspace")?, o.quick)?;
 
     let mut report = report(o, &per_call, &programs, &block, &footprint, &tps, &crit);
     if !o.quick {
