@@ -67,6 +67,15 @@ impl Window {
     }
 }
 
+/// What grew between two readings, by key (keys that did not grow left out).
+fn growth<K: Ord + Clone>(before: &BTreeMap<K, f64>, after: &BTreeMap<K, f64>) -> BTreeMap<K, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
+}
+
 fn schedstat(pid: u32) -> (f64, f64) {
     let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
     let f: Vec<f64> = s
@@ -147,18 +156,8 @@ impl Bench<'_> {
         );
         let s1 = schedstat(self.pid);
         let after = self.daemon.scrape();
-        let (p0, p1) = (self.parts(&before), self.parts(&after));
-        let parts = p1
-            .iter()
-            .map(|(k, v)| (k.clone(), v - p0.get(k).copied().unwrap_or(0.0)))
-            .filter(|(_, v)| *v != 0.0)
-            .collect();
-        let (e0, e1) = (self.events(&before), self.events(&after));
-        let events = e1
-            .iter()
-            .map(|(k, v)| (k.clone(), v - e0.get(k).copied().unwrap_or(0.0)))
-            .filter(|(_, v)| *v != 0.0)
-            .collect();
+        let parts = growth(&self.parts(&before), &self.parts(&after));
+        let events = growth(&self.events(&before), &self.events(&after));
         let d = |name: &str| after.sum(name, &l) - before.sum(name, &l);
         let w = Window {
             queries: d("pgio_query_seconds_count"),
