@@ -7,6 +7,10 @@
 //! blocked part under the event's type (`query_wait::Part`), the run-queue part under
 //! `Runnable`. One observation per interval in `ROLE_WAIT_HIST`, a histogram per (series,
 //! part): how long each wait was, and in all.
+//!
+//! A client backend's blocked intervals inside its queries, which `query_wait` settles into
+//! the query's parts, are booked here the same way (issue 47, item 7: a heatmap per type for
+//! every role); its preemptions and its time between queries are not.
 
 use crate::SeriesId;
 

@@ -1,8 +1,9 @@
-//! Where PostgreSQL's processes other than client backends wait (`pgio_common::role_wait` has
-//! the rules, `pgio-ebpf/src/role_wait.rs` the program's part): a histogram of off-CPU
-//! intervals per series and part, so that a checkpointer's IO, an autovacuum worker's Lock
-//! waits or the walwriter's WAL IO show per role. No program of its own: it rides on
-//! `sched_switch` (the syscall family's) where `query_wait` is on.
+//! Where PostgreSQL's processes wait (`pgio_common::role_wait` has the rules,
+//! `pgio-ebpf/src/role_wait.rs` the program's part): a histogram of off-CPU intervals per
+//! series and part, so that a checkpointer's IO, an autovacuum worker's Lock waits, the
+//! walwriter's WAL IO or a client backend's waits inside its queries show per role, as a
+//! heatmap per type. No program of its own: it rides on `sched_switch` (the syscall
+//! family's) where `query_wait` is on.
 use anyhow::Result;
 use aya::Ebpf;
 use pgio_common::{
@@ -28,7 +29,7 @@ pub static HIST: HistMapSpec = HistMapSpec {
 };
 
 /// `ROLE_WAIT_HIST`'s size as compiled.
-const MAX_ENTRIES: u32 = 4_096;
+const MAX_ENTRIES: u32 = 8_192;
 
 /// The role-wait family (`Family`).
 pub struct RoleWaitFamily;
@@ -84,7 +85,7 @@ impl HistKey for RoleWaitKey {
 
 pub static WAIT_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_wait_seconds",
-    help: "Off-CPU intervals of PostgreSQL's processes other than client backends (checkpointer, background writer, walwriter, autovacuum, io workers, walsenders, parallel workers, …), by part: PostgreSQL's wait_event_type when the process blocked (IO, Lock, LWLock, BufferPin, IPC, Timeout, Client, Extension, Activity, InjectionPoint; none: no wait event set; unknown: unreadable), from blocking to running again less the run-queue wait after the wake-up, which is part=\"runnable\" (seconds). A client backend's time is its queries' (pgio_query_part_seconds_total).",
+    help: "Off-CPU intervals of PostgreSQL's processes: the checkpointer, background writer, walwriter, autovacuum, io workers, walsenders, parallel workers, … and the client backends inside their queries, by part: PostgreSQL's wait_event_type when the process blocked (IO, Lock, LWLock, BufferPin, IPC, Timeout, Client, Extension, Activity, InjectionPoint; none: no wait event set; unknown: unreadable), from blocking to running again less the run-queue wait after the wake-up, which is part=\"runnable\" (seconds). A client backend's whole query time by part, its time on CPU and preempted included, is pgio_query_part_seconds_total.",
     kind: Kind::Histogram,
 };
 

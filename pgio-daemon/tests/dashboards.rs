@@ -78,6 +78,10 @@ const HEATMAPS: &[(&str, &str)] = &[
     ),
     (
         "pgio-postgres",
+        "Query wait heatmap: $wait_type (client backends inside their queries)",
+    ),
+    (
+        "pgio-postgres",
         "Block IO time heatmap: $device (submission → complete)",
     ),
     (

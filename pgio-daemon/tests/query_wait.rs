@@ -12,7 +12,9 @@
 //!   and the CPU time of starting each read);
 //! - every case: the parts add up to the queries' time within 1 %; the blocked time by
 //!   individual wait event (`pgio_wait_event_seconds_total`) adds up to each type's part,
-//!   every event has its name, `PgSleep` and `transactionid` as above.
+//!   every event has its name, `PgSleep` and `transactionid` as above; the same blocked
+//!   intervals, one observation each, are the client backend's `pgio_wait_seconds` by type
+//!   (the heatmap per type): the sleep one interval in the 2^29-2^30 ns bucket.
 mod common;
 
 use std::{collections::BTreeMap, time::Duration};
@@ -49,6 +51,9 @@ struct Window {
     parts: BTreeMap<String, f64>,
     /// Blocked time by (wait_event_type, wait_event), `pgio_wait_event_seconds_total`.
     events: BTreeMap<(String, String), f64>,
+    /// Off-CPU intervals by (part, `le`) and their time by part: `pgio_wait_seconds`.
+    buckets: BTreeMap<(String, String), f64>,
+    waits: BTreeMap<String, f64>,
     /// The backend's run time and run-queue time (`/proc/<pid>/schedstat`), seconds.
     run: f64,
     queued: f64,
@@ -57,6 +62,19 @@ struct Window {
 impl Window {
     fn part(&self, p: &str) -> f64 {
         self.parts.get(p).copied().unwrap_or(0.0)
+    }
+
+    /// Intervals of `part` in the log2 bucket that ends at 2^`k` ns.
+    fn in_bucket(&self, part: &str, k: i32) -> f64 {
+        let n = |k: i32| {
+            let le = format!("{:.9}", 2f64.powi(k) * 1e-9);
+            let le = le.trim_end_matches('0');
+            self.buckets
+                .get(&(part.to_owned(), le.to_owned()))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        n(k) - n(k - 1)
     }
 
     fn event(&self, ty: &str, ev: &str) -> f64 {
@@ -129,6 +147,19 @@ impl Bench<'_> {
         out
     }
 
+    /// `pgio_wait_seconds` of the session's series: (part, le) → count, part → seconds.
+    fn waits(&self, m: &Metrics) -> (BTreeMap<(String, String), f64>, BTreeMap<String, f64>) {
+        let (mut buckets, mut sums) = (BTreeMap::new(), BTreeMap::new());
+        for s in m.matching("pgio_wait_seconds_bucket", &series(&self.cluster)) {
+            let key = (s.labels["part"].clone(), s.labels["le"].clone());
+            *buckets.entry(key).or_default() += s.value;
+        }
+        for s in m.matching("pgio_wait_seconds_sum", &series(&self.cluster)) {
+            *sums.entry(s.labels["part"].clone()).or_default() += s.value;
+        }
+        (buckets, sums)
+    }
+
     /// Sends `sql` and waits until it is booked (outside any window).
     fn run(&mut self, sql: &str) {
         let (daemon, session) = (self.daemon, &mut self.session);
@@ -158,6 +189,7 @@ impl Bench<'_> {
         let after = self.daemon.scrape();
         let parts = growth(&self.parts(&before), &self.parts(&after));
         let events = growth(&self.events(&before), &self.events(&after));
+        let ((b0, w0), (b1, w1)) = (self.waits(&before), self.waits(&after));
         let d = |name: &str| after.sum(name, &l) - before.sum(name, &l);
         let w = Window {
             queries: d("pgio_query_seconds_count"),
@@ -165,12 +197,14 @@ impl Bench<'_> {
             io: d("pgio_query_io_seconds_sum"),
             parts,
             events,
+            buckets: growth(&b0, &b1),
+            waits: growth(&w0, &w1),
             run: s1.0 - s0.0,
             queued: s1.1 - s0.1,
         };
         eprintln!(
-            "{}: {sql}: {} queries, {:.4} s (IO {:.4} s); parts {:?}; events {:?}; schedstat run {:.4} s, queued {:.4} s",
-            self.name, w.queries, w.seconds, w.io, w.parts, w.events, w.run, w.queued
+            "{}: {sql}: {} queries, {:.4} s (IO {:.4} s); parts {:?}; events {:?}; waits {:?}; schedstat run {:.4} s, queued {:.4} s",
+            self.name, w.queries, w.seconds, w.io, w.parts, w.events, w.waits, w.run, w.queued
         );
         events_match_parts(&self.name, sql, &w);
         let sum: f64 = w.parts.values().sum();
@@ -188,7 +222,8 @@ impl Bench<'_> {
 /// The individual events are the same blocked intervals as the parts by type: each type's
 /// events add up to its part (1 % and 1 ms), but `IO`, whose part also holds the on-CPU time
 /// of IO syscalls (never below its events). Every event PostgreSQL set has its name: none is
-/// `unknown` under a known type.
+/// `unknown` under a known type. The histogram of the intervals (`pgio_wait_seconds`) holds
+/// the same time by type as the events (1 % and 1 ms: the maps are read a moment apart).
 fn events_match_parts(name: &str, sql: &str, w: &Window) {
     let mut by_type: BTreeMap<&str, f64> = BTreeMap::new();
     for ((ty, ev), v) in &w.events {
@@ -202,10 +237,17 @@ fn events_match_parts(name: &str, sql: &str, w: &Window) {
     let types = w
         .parts
         .keys()
+        .chain(w.waits.keys())
         .map(String::as_str)
         .chain(by_type.keys().copied());
     for ty in types.filter(|t| !["cpu", "runnable"].contains(t)) {
         let (events, part) = (by_type.get(ty).copied().unwrap_or(0.0), w.part(ty));
+        let waits = w.waits.get(ty).copied().unwrap_or(0.0);
+        assert!(
+            (waits - events).abs() <= 0.01 * events + 1e-3,
+            "{name}: {sql}: {ty}: intervals {waits:.4} s, events {events:.4} s ({:?})",
+            w.waits
+        );
         let ok = if ty == "IO" {
             events <= part * 1.01 + 1e-3
         } else {
@@ -358,6 +400,12 @@ fn run(major: u32, port: u16, io_method: Option<&str>) {
     within(&name, "pg_sleep(1) Timeout", w.part("Timeout"), 1.0, 0.05);
     let sleep = w.event("Timeout", "PgSleep");
     within(&name, "pg_sleep(1) Timeout/PgSleep", sleep, 1.0, 0.05);
+    // One wait of ~1 s: (0.537, 1.074] s.
+    assert!(
+        w.in_bucket("Timeout", 30) >= 1.0,
+        "{name}: pg_sleep(1): no Timeout interval of 0.54-1.07 s ({:?})",
+        w.buckets
+    );
 
     // A row lock held for 2 s by another session.
     let mut locker = pg.session(DB, "postgres").expect("locker");

@@ -2,8 +2,9 @@
 //! calling its families in order. A family that needs one of these hooks adds its line here;
 //! no family calls into another's module (`thread` and `tracked` below them hold what they
 //! all read). Two exceptions, a family's second key rather than a hook's rider: `query_id`,
-//! which books the runs `query` moves into its rows, from `query` itself; `wait_event`, which
-//! books each blocked interval `query_wait` and `role_wait` settle under its individual wait
+//! which books the runs `query` moves into its rows, from `query` itself; `role_wait`'s
+//! `book_interval`, which books each off-CPU interval `query_wait` and `role_wait` settle as
+//! one observation of its histogram and, through `wait_event`, under its individual wait
 //! event, from their settling. The block hooks'
 //! riders (`BlockRiders`) are handed the request's in-flight entry by `block_io`, so they need
 //! no lookup of their own.

@@ -22,7 +22,7 @@ use pgio_common::{
 use crate::{
     atomic::atomic_add,
     kernel_offsets::{task_u32, task_u64},
-    thread, tracked, wait_event,
+    role_wait, thread, tracked,
 };
 
 /// `queries` from the config, written by userspace at load; `on()` also needs the offsets of
@@ -102,15 +102,17 @@ unsafe fn settle(w: *mut QueryWait, delay: u64) {
         if on < off {
             return;
         }
-        let queued = delay.wrapping_sub((*w).off_delay);
-        let blocked = (on - off).saturating_sub(queued);
+        let queued = delay.wrapping_sub((*w).off_delay).min(on - off);
+        let blocked = on - off - queued;
         let info = (*w).info;
         let p = part_of(info) as usize;
         if p < PARTS {
             (*w).wait_ns[p] += blocked;
         }
         (*w).blocked_ns += blocked;
-        wait_event::book((*w).series, info, (*w).major, blocked);
+        // Each interval also as one observation, as the other processes' are: a heatmap of
+        // the client backends' waits per type, and their individual wait events.
+        role_wait::book_interval((*w).series, info, (*w).major, blocked, queued);
         // IO time is wall-clock, like a syscall's and like PostgreSQL's `read_time`: until
         // the thread ran again, its run-queue wait after the wake-up included.
         if (*w).open_io != 0 {

@@ -1,7 +1,8 @@
-//! Where PostgreSQL's processes other than client backends wait (`pgio_common::role_wait` has
-//! the rules): the `sched_switch` program opens an interval when such a thread blocks, under
-//! the wait event PostgreSQL set for it, marks when it runs again, and books the interval
-//! when it next leaves the CPU, its run-queue wait then known.
+//! Where PostgreSQL's processes wait (`pgio_common::role_wait` has the rules): for the
+//! processes other than client backends, the `sched_switch` program opens an interval when
+//! such a thread blocks, under the wait event PostgreSQL set for it, marks when it runs
+//! again, and books the interval when it next leaves the CPU, its run-queue wait then known.
+//! A client backend's intervals inside its queries come from `query_wait` (`book_interval`).
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
     macros::map,
@@ -21,10 +22,11 @@ use crate::{
     query_id, tracked, wait_event,
 };
 
-/// Off-CPU intervals per (series, part), one log2 slot a key.
+/// Off-CPU intervals per (series, part), one log2 slot a key (client backends' inside
+/// their queries too).
 #[map]
 static ROLE_WAIT_HIST: HashMap<RoleWaitKey, pgio_common::hist::Bucket> =
-    HashMap::with_max_entries(4_096, 0);
+    HashMap::with_max_entries(8_192, 0);
 
 /// The open interval of each such thread, by thread id; it leaves at the thread's exit.
 /// Preallocated (the default): `sched_switch` runs under the run-queue lock.
@@ -53,7 +55,7 @@ fn waiter(tid: u32) -> Option<SeriesId> {
 }
 
 #[inline(always)]
-fn book(series: SeriesId, part: Part, ns: u64) {
+fn book_part(series: SeriesId, part: Part, ns: u64) {
     let key = RoleWaitKey {
         series,
         part: part as u8,
@@ -61,6 +63,21 @@ fn book(series: SeriesId, part: Part, ns: u64) {
         _pad: 0,
     };
     hist::add(&ROLE_WAIT_HIST, QUOTA, series, &key, ns, 0);
+}
+
+/// One off-CPU interval of a thread of `series` (a process of PostgreSQL `major`): `blocked`
+/// under the type of the wait event `info` it blocked under (and under the event itself,
+/// `wait_event`), then `queued` on a run queue after its wake-up under `Runnable`.
+#[inline(always)]
+pub fn book_interval(series: SeriesId, info: u32, major: u8, blocked: u64, queued: u64) {
+    if series == SeriesId::UNTRACKED {
+        return;
+    }
+    book_part(series, part_of(info), blocked);
+    wait_event::book(series, info, major, blocked);
+    if queued != 0 {
+        book_part(series, Part::Runnable, queued);
+    }
 }
 
 /// `sched_switch`, in the context of `prev`; `on`: `query_wait::on()` (the same kernel
@@ -114,12 +131,13 @@ fn left_cpu(task: u64, tid: u32, series: SeriesId, preempt: bool) {
             // An interval whose end was not seen (pgio attached meanwhile) is dropped.
             if on >= off {
                 let queued = delay.wrapping_sub((*t).off_delay).min(on - off);
-                let (series, info) = ((*t).series, (*t).info);
-                book(series, part_of(info), on - off - queued);
-                wait_event::book(series, info, (*t).major, on - off - queued);
-                if queued != 0 {
-                    book((*t).series, Part::Runnable, queued);
-                }
+                book_interval(
+                    (*t).series,
+                    (*t).info,
+                    (*t).major,
+                    on - off - queued,
+                    queued,
+                );
             }
         }
         if !blocked {
