@@ -35,6 +35,8 @@ pub struct Kernel {
     metapackages: &'static [&'static str],
     /// What pgio lacks on it, for the report.
     pub note: &'static str,
+    /// More kernel command line for this series on amd64.
+    append_amd64: &'static str,
     /// The guest's architecture (`--arch`).
     pub arch: Arch,
 }
@@ -52,6 +54,14 @@ impl Kernel {
         arch::guest(self.arch)
     }
 
+    /// The series' own kernel command line on its architecture.
+    fn append(&self) -> &'static str {
+        match self.arch {
+            Arch::Amd64 => self.append_amd64,
+            _ => "",
+        }
+    }
+
     fn metapackages(&self) -> impl Iterator<Item = String> + '_ {
         self.metapackages
             .iter()
@@ -59,23 +69,33 @@ impl Kernel {
     }
 }
 
+/// 6.1 under TCG otherwise marks the TSC unstable and falls back to a clocksource that makes
+/// every timestamp a slow emulated device read.
+const TSC_RELIABLE: &str = "tsc=reliable";
+
 pub const KERNELS: &[Kernel] = &[
     Kernel {
         series: "5.10",
         metapackages: &["linux-image-{arch}"],
         note: "bullseye; no block_io_start (6.5), no task storage for tracing (5.11)",
+        append_amd64: TSC_RELIABLE,
         arch: Arch::Amd64,
     },
     Kernel {
         series: "6.1",
         metapackages: &["linux-image-{arch}"],
         note: "bookworm; no block_io_start (6.5)",
+        append_amd64: TSC_RELIABLE,
         arch: Arch::Amd64,
     },
     Kernel {
         series: "6.12",
         metapackages: &["linux-image-6.12-{arch}", "linux-image-{arch}"],
         note: "bookworm-security (LTS) or bookworm-backports",
+        // Not `tsc=reliable`: 6.12 then marks sched_clock stable at boot, patching its
+        // static key with int3 while the other vCPU runs it, and multi-threaded TCG panics
+        // on the int3 (`Oops: int3` in `sched_clock_cpu` at 3.7 s, every boot).
+        append_amd64: "",
         arch: Arch::Amd64,
     },
 ];
@@ -916,7 +936,9 @@ fn run_kernel(
         .arg(
             format!(
                 "console={} panic=-1 {} {}",
-                guest.console, guest.append, opts.append
+                guest.console,
+                kernel.append(),
+                opts.append
             )
             .split_whitespace()
             .collect::<Vec<_>>()

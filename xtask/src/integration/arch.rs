@@ -11,8 +11,6 @@ pub struct Guest {
     pub machine: &'static [&'static str],
     /// The serial console the kernel writes to (`-serial file:` is its first UART).
     pub console: &'static str,
-    /// More kernel command line.
-    pub append: &'static str,
     /// Whether `-smp 2,maxcpus=N` makes N possible CPUs (x86's ACPI hotplug); arm's `virt`
     /// machine has no CPU hotplug, so its possible CPUs are the online ones.
     pub hotplug_cpus: bool,
@@ -26,9 +24,6 @@ pub const AMD64: Guest = Guest {
     qemu_package: "qemu-system-x86",
     machine: &["-accel", "tcg,thread=multi", "-cpu", "max"],
     console: "ttyS0",
-    // 6.1 under TCG otherwise marks the TSC unstable and falls back to a clocksource that
-    // makes every timestamp a slow emulated device read; harmless on the others.
-    append: "tsc=reliable",
     hotplug_cpus: true,
     host_root: true,
 };
@@ -48,7 +43,6 @@ pub const ARM64: Guest = Guest {
         "max,pauth-impdef=on",
     ],
     console: "ttyAMA0",
-    append: "",
     hotplug_cpus: false,
     host_root: false,
 };
