@@ -10,6 +10,13 @@
 //! goes to the largest share), so per victim the blame summed over culprits is its queue time.
 //! V's own completions meanwhile blame V itself.
 //!
+//! **Device time, the second figure.** The same request's time on the device, from its issue
+//! to its completion, is shared out the same way among the series whose requests D completed
+//! meanwhile, its own completion included (so alone on the device it is V's own): where a
+//! device takes many requests at once (a loop device's worker, a virtio or NVMe queue), a
+//! request waits there rather than in the scheduler, behind whatever the device is busy with.
+//! Per victim it sums to its device time (`pgio_block_io_device_seconds_sum`).
+//!
 //! **How, in the kernel.** Per device a clock ([`QueueBlameClock`]): per culprit slot, the
 //! device time of the completed requests of the slot's owner, added at each completion. A
 //! request takes a copy of the clock when its wait starts ([`QueueBlameMark`], in its
@@ -98,8 +105,13 @@ pub const CULPRIT_SERIES: u8 = 0;
 /// The device's `(rest)`: series without a slot of their own.
 pub const CULPRIT_REST: u8 = 1;
 
-/// Key of `QUEUE_BLAME_HIST`: one (victim series, device, op, culprit). Its `Bucket`: `sum`
-/// the ns blamed (`count` is not kept: one atomic add less per request).
+/// `QueueBlameKey::phase` of queue time (submission to issue).
+pub const PHASE_QUEUE: u8 = 0;
+/// `QueueBlameKey::phase` of device time (issue to completion).
+pub const PHASE_DEVICE: u8 = 1;
+
+/// Key of `QUEUE_BLAME_HIST`: one (victim series, device, op, phase, culprit). Its `Bucket`:
+/// `sum` the ns blamed (`count` is not kept: one atomic add less per request).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QueueBlameKey {
@@ -111,7 +123,9 @@ pub struct QueueBlameKey {
     pub op: u8,
     /// `CULPRIT_SERIES` or `CULPRIT_REST`.
     pub culprit_kind: u8,
-    pub _pad: u16,
+    /// `PHASE_QUEUE` or `PHASE_DEVICE`.
+    pub phase: u8,
+    pub _pad: u8,
 }
 
 crate::abi_size!(QueueBlameClock, 168, 8);

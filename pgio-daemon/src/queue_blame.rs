@@ -1,10 +1,12 @@
 //! Queue blame (`pgio_common::queue_blame` has the rule, `pgio-ebpf/src/queue_blame.rs` the
 //! kernel's part): whose block requests a tracked request's queue time was spent behind,
-//! `pgio_block_io_queue_blame_seconds_total{device, op, <victim's series>, culprit_*}`. No
-//! program of its own: it rides the block family's request entry.
+//! `pgio_block_io_queue_blame_seconds_total{device, op, <victim's series>, culprit_*}`, and
+//! its device time, `pgio_block_io_device_blame_seconds_total` (the same labels). No program
+//! of its own: it rides the block family's request entry.
 //!
 //! Bounded: per device at most seven culprits own a slot at a time, the rest are `(rest)`; a
-//! key per (victim series, device, op, culprit) under the key quota like every histogram map.
+//! key per (victim series, device, op, phase, culprit) under the key quota like every
+//! histogram map.
 use std::collections::BTreeSet;
 
 use anyhow::Result;
@@ -13,7 +15,7 @@ use pgio_common::{
     SeriesId,
     block_io::BlockOp,
     hist::Bucket,
-    queue_blame::{CLOCKS, CULPRIT_REST, CULPRIT_SERIES, QUOTA, QueueBlameKey},
+    queue_blame::{CLOCKS, CULPRIT_REST, CULPRIT_SERIES, PHASE_DEVICE, QUOTA, QueueBlameKey},
 };
 
 use crate::{
@@ -29,7 +31,7 @@ use crate::{
 pub static QUEUE_BLAME: crate::config::Key = crate::config::Key::flag(
     "queue_blame",
     true,
-    "whose block requests each tracked request's queue time was spent behind (pgio_block_io_queue_blame_seconds_total): a clock per device moved at every completion, ~150 ns a request in all, 40 bytes more per in-flight request (2.5 MiB)",
+    "whose block requests each tracked request's queue time and device time were spent behind (pgio_block_io_queue_blame_seconds_total, pgio_block_io_device_blame_seconds_total): a clock per device moved at every completion, ~200 ns a request in all, 40 bytes more per in-flight request (2.5 MiB)",
 );
 static CONFIG_KEYS: &[&crate::config::Key] = &[&QUEUE_BLAME];
 
@@ -103,12 +105,14 @@ pub enum Culprit {
     Rest,
 }
 
-/// One counter: a victim series' requests on a device, by op, and one culprit.
+/// One counter: a victim series' requests on a device, by op, their queue time (or, with
+/// `device`, their device time), and one culprit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueBlameId {
     pub victim: SeriesId,
     pub dev: u32,
     pub op: BlockOp,
+    pub device: bool,
     pub culprit: Culprit,
 }
 
@@ -141,6 +145,7 @@ impl HistKey for QueueBlameKey {
             victim,
             dev: self.dev,
             op,
+            device: self.phase == PHASE_DEVICE,
             culprit,
         };
         hists.entry(id).or_default().add(0, value);
@@ -182,6 +187,12 @@ impl Source for QueueBlame {
 pub static BLAME_SECONDS: MetricFamily = MetricFamily {
     name: "pgio_block_io_queue_blame_seconds",
     help: "Queue time of a tracked series' block requests (pgio_block_io_queue_seconds), shared out among the series whose requests the device completed meanwhile, in proportion to their device time (culprit_* labels: that series; culprit_app=\"(rest)\": series without one of the device's seven culprit slots). Summed over culprits, a victim's queue time. A wait during which nothing completed is the victim's own (seconds).",
+    kind: Kind::Counter,
+};
+
+pub static DEVICE_BLAME_SECONDS: MetricFamily = MetricFamily {
+    name: "pgio_block_io_device_blame_seconds",
+    help: "Device time of a tracked series' block requests, from issue to completion (pgio_block_io_device_seconds), shared out among the series whose requests the device completed meanwhile, the request's own included, in proportion to their device time (culprit_* labels as in pgio_block_io_queue_blame_seconds_total). Summed over culprits, a victim's device time: where a device takes many requests at once, the wait behind others is here rather than in the queue (seconds).",
     kind: Kind::Counter,
 };
 
@@ -237,19 +248,21 @@ impl HistId for QueueBlameId {
             scrape.devices.see(id.dev);
         }
         let scrape = &*scrape;
-        let mut f = enc.family(&BLAME_SECONDS);
-        for (id, h) in hists {
-            let victim = BlockLabels {
-                series: scrape.series(id.victim),
-                device: scrape.devices.name(id.dev),
-                op: id.op.name(),
-                device_volume: scrape.devices.volume(id.dev),
-            };
-            let culprit = CulpritLabels(match id.culprit {
-                Culprit::Series(s) => Some(scrape.series(s)),
-                Culprit::Rest => None,
-            });
-            f.counter_f64(BlameLabels { victim, culprit }, h.sum_ns as f64 / 1e9);
+        for (family, device) in [(&BLAME_SECONDS, false), (&DEVICE_BLAME_SECONDS, true)] {
+            let mut f = enc.family(family);
+            for (id, h) in hists.iter().filter(|(id, _)| id.device == device) {
+                let victim = BlockLabels {
+                    series: scrape.series(id.victim),
+                    device: scrape.devices.name(id.dev),
+                    op: id.op.name(),
+                    device_volume: scrape.devices.volume(id.dev),
+                };
+                let culprit = CulpritLabels(match id.culprit {
+                    Culprit::Series(s) => Some(scrape.series(s)),
+                    Culprit::Rest => None,
+                });
+                f.counter_f64(BlameLabels { victim, culprit }, h.sum_ns as f64 / 1e9);
+            }
         }
     }
 }
@@ -265,6 +278,7 @@ mod tests {
             dev: 7 << 20,
             op: BlockOp::Read as u8,
             culprit_kind: kind,
+            phase: 0,
             _pad: 0,
         }
     }
@@ -331,6 +345,7 @@ mod tests {
             victim: SeriesId(1),
             dev: 1,
             op: BlockOp::Read,
+            device: false,
             culprit,
         };
         assert!(gone(&id(Culprit::Series(SeriesId(9)))));

@@ -212,23 +212,26 @@ fn all_families() -> Readings {
         );
     }
     // The client backend's reads on sdb waited behind the checkpointer's writes, behind the
-    // device's `(rest)`, and behind its own.
+    // device's `(rest)`, and behind its own: in the queue, and on the device.
     for (n, culprit) in [Culprit::Series(ckpt), Culprit::Rest, Culprit::Series(pg)]
         .into_iter()
         .enumerate()
     {
-        r.queue_blame.0.insert(
-            QueueBlameId {
-                victim: pg,
-                dev: mkdev(8, 16),
-                op: BlockOp::Read,
-                culprit,
-            },
-            Log2Hist {
-                sum_ns: 250_000_000 * (n as u64 + 1),
-                ..Log2Hist::default()
-            },
-        );
+        for device in [false, true] {
+            r.queue_blame.0.insert(
+                QueueBlameId {
+                    victim: pg,
+                    dev: mkdev(8, 16),
+                    op: BlockOp::Read,
+                    device,
+                    culprit,
+                },
+                Log2Hist {
+                    sum_ns: 250_000_000 * (n as u64 + 1) + u64::from(device) * 1_000,
+                    ..Log2Hist::default()
+                },
+            );
+        }
     }
     // Query ids: one with a place (pg_stat_statements shows it signed), the rest, a query
     // without id and one pgio could not read.

@@ -12,6 +12,14 @@
 //! And PostgreSQL 15's client backends as victims: `pgbench -S` on a cold cache in database
 //! `shop` while a neighbour (fio under its own name, direct writes to a file on the same ext4)
 //! floods the device: their queue time is blamed on the neighbour, by database.
+//!
+//! And the field notes' question, "why did every query slow down when the freeze started":
+//! the same `pgbench -S` while a session of database `etl` runs `VACUUM FREEZE` over a table
+//! of 240 MB (its reads, its pages written back through its ring, its WAL): the backends'
+//! queue time is blamed on that session (`culprit_role="client backend"`,
+//! `culprit_database="etl"`) more than on anyone else. `etl` has `backend_flush_after`, as
+//! an operator sets it so that a batch's writes leave from the batch's own backend: without
+//! it they are buffered and leave from the kernel's flusher threads (`culprit_app="kernel"`).
 mod common;
 
 use std::{
@@ -28,6 +36,24 @@ use pgio_testkit::{
 };
 
 const BLAME: &str = "pgio_block_io_queue_blame_seconds_total";
+
+/// A blamed wait: its blame family and the time it shares out.
+struct Phase {
+    blame: &'static str,
+    time: &'static str,
+}
+
+/// Submission to issue.
+const QUEUE: Phase = Phase {
+    blame: BLAME,
+    time: "pgio_block_io_queue_seconds_sum",
+};
+
+/// Issue to completion.
+const DEVICE: Phase = Phase {
+    blame: "pgio_block_io_device_blame_seconds_total",
+    time: "pgio_block_io_device_seconds_sum",
+};
 
 /// One test at a time: each daemon sees every device's IO, and a loop device's number (and
 /// its kernel clock) is reused by the next one attached.
@@ -48,6 +74,34 @@ fn mq_deadline(dev: &str) -> bool {
         now.trim()
     );
     false
+}
+
+/// Queue settings of a loop device, put back when dropped (also on failure): the device
+/// outlives its attachment, and the next test to attach it would inherit them.
+struct QueueKnobs(Vec<(String, String)>);
+
+impl QueueKnobs {
+    fn set(dev: &str, knobs: &[(&str, &str)]) -> QueueKnobs {
+        let mut was = QueueKnobs(Vec::new());
+        for (knob, v) in knobs {
+            let p = format!("/sys/block/{dev}/queue/{knob}");
+            let old = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+            std::fs::write(&p, v).unwrap_or_else(|e| panic!("{p}: {e}"));
+            was.0.push((p, old.trim().to_owned()));
+        }
+        was
+    }
+}
+
+impl Drop for QueueKnobs {
+    fn drop(&mut self) {
+        // The last set first: `nr_requests` may depend on the others.
+        for (p, v) in self.0.iter().rev() {
+            if let Err(e) = std::fs::write(p, v) {
+                eprintln!("{p}: could not put back {v}: {e}");
+            }
+        }
+    }
 }
 
 /// fio's binary copied to `<dir>/<name>`: its processes' comm is `name`.
@@ -97,22 +151,22 @@ fn ns(seconds: f64) -> u64 {
     (seconds * 1e9).round() as u64
 }
 
-/// The reader's blame on `dev` by culprit app (ns), its queue time (ns), and its requests whose
-/// completion pgio missed (blamed at their issue, no queue time: the kernel skips a program
-/// now and then, see README).
-fn blame_of(m: &Metrics, reader: &str, dev: &str) -> (BTreeMap<String, u64>, u64, f64) {
+/// The reader's blame on `dev` by culprit app (ns), its queue (or device) time (ns), and its
+/// requests whose completion pgio missed (blamed at their issue, no queue time: the kernel
+/// skips a program now and then, see README).
+fn blame_of(m: &Metrics, reader: &str, dev: &str, p: &Phase) -> (BTreeMap<String, u64>, u64, f64) {
     let victim = [("app", reader), ("device", dev), ("op", "read")];
     let mut by = BTreeMap::new();
-    for s in m.matching(BLAME, &victim) {
+    for s in m.matching(p.blame, &victim) {
         let culprit = s.labels.get("culprit_app").cloned().unwrap_or_default();
         *by.entry(culprit).or_insert(0) += ns(s.value);
     }
-    let queue = ns(m.sum("pgio_block_io_queue_seconds_sum", &victim));
+    let queue = ns(m.sum(p.time, &victim));
     let lost = m.sum("pgio_block_io_lost_completions_total", &victim).abs();
     (by, queue, lost)
 }
 
-/// The blame sums to the queue time: exactly, or, with completions lost, to more.
+/// The blame sums to the queue (or device) time: exactly, or, with completions lost, to more.
 fn sums_to(by: &BTreeMap<String, u64>, queue: u64, lost: f64) -> bool {
     let sum = by.values().sum::<u64>();
     queue > 0 && (sum == queue || (lost > 0.0 && sum > queue))
@@ -182,11 +236,13 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     read("qb-alone");
     std::thread::sleep(Duration::from_secs(1));
     let m = daemon.scrape();
-    let (by, queue, lost) = blame_of(&m, "qb-alone", &dev);
-    check(
-        by.keys().all(|k| k == "qb-alone") && sums_to(&by, queue, lost) && queue > 0,
-        format!("alone: blame {by:?}, queue time {queue} ns ({lost} lost): all its own"),
-    );
+    for (p, what) in [(&QUEUE, "queue"), (&DEVICE, "device")] {
+        let (by, time, lost) = blame_of(&m, "qb-alone", &dev, p);
+        check(
+            by.keys().all(|k| k == "qb-alone") && sums_to(&by, time, lost),
+            format!("alone: blame {by:?}, {what} time {time} ns ({lost} lost): all its own"),
+        );
+    }
 
     // 2. Behind one writer.
     let writer = Jobs(vec![spawn("qb-writer", 256)]);
@@ -195,8 +251,13 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     writer.wait();
     std::thread::sleep(Duration::from_secs(1));
     let m = daemon.scrape();
-    let (by, queue, lost) = blame_of(&m, "qb-reader", &dev);
+    let (by, queue, lost) = blame_of(&m, "qb-reader", &dev, &QUEUE);
     let on_writer = by.get("qb-writer").copied().unwrap_or(0);
+    let (dby, dtime, dlost) = blame_of(&m, "qb-reader", &dev, &DEVICE);
+    check(
+        sums_to(&dby, dtime, dlost) && dby.get("qb-writer") > dby.get("qb-reader"),
+        format!("one writer: device time {dtime} ns, blamed {dby:?}: exactly, more on the writer"),
+    );
     check(
         sums_to(&by, queue, lost),
         format!("one writer: blame {by:?} sums to the queue time {queue} ns ({lost} lost)"),
@@ -225,7 +286,12 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     writers.wait();
     std::thread::sleep(Duration::from_secs(1));
     let m = daemon.scrape();
-    let (by, queue, lost) = blame_of(&m, "qb-reader2", &dev);
+    let (by, queue, lost) = blame_of(&m, "qb-reader2", &dev, &QUEUE);
+    let (dby, dtime, dlost) = blame_of(&m, "qb-reader2", &dev, &DEVICE);
+    check(
+        sums_to(&dby, dtime, dlost),
+        format!("two writers: device time {dtime} ns, blamed {dby:?}: exactly"),
+    );
     let (big, small) = (by.get("qb-big").copied(), by.get("qb-small").copied());
     let ratio = big.unwrap_or(0) as f64 / small.unwrap_or(0).max(1) as f64;
     check(
@@ -264,7 +330,7 @@ fn queue_time_is_blamed_on_whose_requests_the_device_served() {
     crowd_jobs.wait();
     std::thread::sleep(Duration::from_secs(1));
     let m = daemon.scrape();
-    let (by, queue, lost) = blame_of(&m, "qb-reader3", &dev);
+    let (by, queue, lost) = blame_of(&m, "qb-reader3", &dev, &QUEUE);
     check(
         sums_to(&by, queue, lost),
         format!("crowd: the reader's blame {by:?} sums to its queue time {queue} ns ({lost} lost)"),
@@ -345,26 +411,7 @@ fn pg15_client_backends_waits_are_blamed_on_the_neighbour_flooding_their_disk() 
         );
         std::fs::write(path, text.expect("metrics")).expect("dump metrics");
     }
-    let victim = [
-        ("app", "postgres"),
-        ("role", "client backend"),
-        ("database", "shop"),
-        ("device", lo.name()),
-        ("op", "read"),
-    ];
-    let mut by: BTreeMap<String, u64> = BTreeMap::new();
-    for s in m.matching(BLAME, &victim) {
-        let l = |n: &str| s.labels.get(n).cloned().unwrap_or_default();
-        let culprit = format!(
-            "{}/{}/{}",
-            l("culprit_app"),
-            l("culprit_role"),
-            l("culprit_database")
-        );
-        *by.entry(culprit).or_insert(0) += ns(s.value);
-    }
-    let queue = ns(m.sum("pgio_block_io_queue_seconds_sum", &victim));
-    let lost = m.sum("pgio_block_io_lost_completions_total", &victim).abs();
+    let (by, queue, lost) = pg_blame(&m, "shop", lo.name(), &QUEUE);
     let on_etl = by.get("qb-etl/batch/").copied().unwrap_or(0);
     eprintln!(
         "shop's client backends: queue time {queue} ns ({lost} lost), blamed {by:?}: {:.1} % on \
@@ -387,4 +434,151 @@ fn pg15_client_backends_waits_are_blamed_on_the_neighbour_flooding_their_disk() 
         "{:.1} % on the neighbour",
         100.0 * on_etl as f64 / queue.max(1) as f64
     );
+}
+
+/// The victims' blame on `dev` by culprit `app/role/database` (ns), their queue time (ns)
+/// and their requests whose completion pgio missed.
+fn pg_blame(
+    m: &Metrics,
+    database: &str,
+    dev: &str,
+    p: &Phase,
+) -> (BTreeMap<String, u64>, u64, f64) {
+    let victim = [
+        ("app", "postgres"),
+        ("role", "client backend"),
+        ("database", database),
+        ("device", dev),
+        ("op", "read"),
+    ];
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for s in m.matching(p.blame, &victim) {
+        let l = |n: &str| s.labels.get(n).cloned().unwrap_or_default();
+        let culprit = format!(
+            "{}/{}/{}",
+            l("culprit_app"),
+            l("culprit_role"),
+            l("culprit_database")
+        );
+        *by.entry(culprit).or_insert(0) += ns(s.value);
+    }
+    let queue = ns(m.sum(p.time, &victim));
+    let lost = m.sum("pgio_block_io_lost_completions_total", &victim).abs();
+    (by, queue, lost)
+}
+
+#[test]
+fn pg15_client_backends_waits_are_blamed_on_the_vacuum_freeze() {
+    if !require_root("queue_blame pg15 vacuum freeze") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bin = pg_bin_dir(15).expect("PostgreSQL 15");
+    let dir = temp_dir().expect("temp dir");
+    let lo = LoopDevice::create(dir.path(), 2 << 30, true).expect("loop device");
+    if !mq_deadline(lo.name()) {
+        lo.detach().expect("detach");
+        return;
+    }
+    // A disk the freeze saturates: 4 KiB requests, 4 in the scheduler at once (this loop
+    // device, over a file, takes ~1 GB/s in big requests: the freeze is then CPU-bound and
+    // nobody waits).
+    let _slow = QueueKnobs::set(lo.name(), &[("max_sectors_kb", "4"), ("nr_requests", "4")]);
+    let mut fs = Ext4Mount::new(&lo, &dir.path().join("mnt")).expect("ext4");
+    let opts = PgOptions::new(&bin, fs.path().join("pgdata"), 55_471)
+        .shared_buffers("16MB")
+        .setting("autovacuum", "off")
+        .setting("max_wal_size", "2GB");
+    let mut pg = PgCluster::init_with(opts).expect("initdb");
+    pg.start().expect("start");
+    pg.psql("create database shop").expect("create database");
+    pg.psql("create database etl").expect("create database");
+    pg.psql("alter database etl set backend_flush_after = '256kB'")
+        .expect("backend_flush_after");
+    pg.pgbench_ok(&["-i", "-q", "-s", "10", "shop"])
+        .expect("pgbench -i");
+    // ~240 MB of rows no VACUUM has seen: FREEZE rewrites every page.
+    pg.psql_in(
+        "etl",
+        "create table orders as select g, repeat('o', 200) as pad from generate_series(1, 1000000) g",
+    )
+    .expect("etl table");
+    pg.psql("checkpoint").expect("checkpoint");
+    pg.stop().expect("stop");
+    fs.remount().expect("remount: a cold page cache");
+    let daemon = Daemon::start(&[]).expect("daemon");
+    pg.start().expect("start cold");
+    daemon.wait_tracked("postgres", "postmaster");
+    // The start-up's processes (startup, postmaster, checkpointer, ...) own culprit slots of
+    // the device until they have been idle for 10 s (`OWNER_IDLE_NS`): past it, the freeze
+    // and the victims take slots of their own instead of sharing `(rest)`.
+    std::thread::sleep(Duration::from_secs(11));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (m, overlapped, took) = std::thread::scope(|s| {
+        let start = std::time::Instant::now();
+        let freeze = s.spawn(|| {
+            let r = pg.psql_in("etl", "vacuum freeze orders");
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        // One run (new backends are provisional, `(rest)` as culprits, until classified),
+        // read before the freeze ends: what the backends waited for while it ran.
+        pg.pgbench_ok(&["-S", "-c", "1", "-T", "4", "shop"])
+            .expect("pgbench -S");
+        let m = daemon.scrape();
+        let overlapped = !done.load(std::sync::atomic::Ordering::SeqCst);
+        freeze
+            .join()
+            .expect("freeze thread")
+            .expect("vacuum freeze");
+        (m, overlapped, start.elapsed())
+    });
+    let (qby, queue, qlost) = pg_blame(&m, "shop", lo.name(), &QUEUE);
+    let (by, device, lost) = pg_blame(&m, "shop", lo.name(), &DEVICE);
+    // The first culprit but the victims themselves (one pgbench client: its own reads'
+    // device time is its own).
+    const SELF: &str = "postgres/client backend/shop";
+    let top = by
+        .iter()
+        .filter(|(k, _)| *k != SELF)
+        .max_by_key(|(_, v)| **v)
+        .map(|(k, _)| k.clone());
+    // The freeze's own IO is its session's: its reads, and its writes (`backend_flush_after`).
+    let etl = |op| {
+        m.sum(
+            "pgio_block_io_requests_total",
+            &[("database", "etl"), ("device", lo.name()), ("op", op)],
+        )
+    };
+    let (etl_reads, etl_writes) = (etl("read"), etl("write"));
+    let on_freeze = by.get("postgres/client backend/etl").copied().unwrap_or(0);
+    eprintln!(
+        "VACUUM FREEZE {took:.1?} (outlasted pgbench: {overlapped}); shop's client backends: \
+         device time {device} ns ({lost} lost), blamed {by:?}: {:.1} % on etl's VACUUM FREEZE; \
+         queue time {queue} ns, blamed {qby:?}",
+        100.0 * on_freeze as f64 / device.max(1) as f64
+    );
+    eprintln!("etl's requests: {etl_reads} reads, {etl_writes} writes");
+    daemon.stop().expect("daemon stop");
+    pg.stop().expect("stop");
+    drop(fs);
+    lo.detach().expect("detach");
+    assert!(
+        overlapped,
+        "the freeze took {took:?}, less than pgbench's 4 s"
+    );
+    assert!(sums_to(&qby, queue, qlost), "{qby:?} vs {queue} ns");
+    assert!(sums_to(&by, device, lost), "{by:?} vs {device} ns");
+    // 240 MB in 4 KiB requests: ~60,000 each way.
+    assert!(
+        etl_reads >= 30_000.0 && etl_writes >= 30_000.0,
+        "the freeze's requests: {etl_reads} reads, {etl_writes} writes"
+    );
+    assert_eq!(
+        top.as_deref(),
+        Some("postgres/client backend/etl"),
+        "the freeze is not the first culprit but the victims: {by:?}"
+    );
+    assert!(on_freeze > 0 && qby.contains_key("postgres/client backend/etl"));
 }

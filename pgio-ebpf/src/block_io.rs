@@ -38,8 +38,16 @@ pub trait RequestRiders {
     ///
     /// SAFETY: as `started`.
     unsafe fn issued(mark: *mut QueueBlameMark, series: SeriesId, dev: u32, op: u8, now: u64);
-    /// A request (not a bio) of `series` completed by `dev` after `device_ns` on it.
-    fn completed(series: SeriesId, dev: u32, device_ns: u64, now: u64);
+    /// A request (not a bio) of `series` completed by `dev` after `device_ns` on it; `mark`
+    /// as `issued` left it.
+    fn completed(
+        mark: &QueueBlameMark,
+        series: SeriesId,
+        dev: u32,
+        op: u8,
+        device_ns: u64,
+        now: u64,
+    );
 }
 
 /// In-flight requests by `struct request *` (bios of bio-based disks by `struct bio *`). A
@@ -503,7 +511,14 @@ fn complete<R: RequestRiders>(
     }
     // A bio-based disk has no queue to wait in: only requests go to the riders.
     if request {
-        R::completed(e.series, e.dev, now.wrapping_sub(e.issue_ns), now);
+        R::completed(
+            &e.blame,
+            e.series,
+            e.dev,
+            e.op,
+            now.wrapping_sub(e.issue_ns),
+            now,
+        );
     }
     let Some(r) = row(e.series, e.dev, e.op) else {
         return;
@@ -587,5 +602,5 @@ struct NoRiders;
 impl RequestRiders for NoRiders {
     unsafe fn started(_: *mut QueueBlameMark, _: u32, _: u64) {}
     unsafe fn issued(_: *mut QueueBlameMark, _: SeriesId, _: u32, _: u8, _: u64) {}
-    fn completed(_: SeriesId, _: u32, _: u64, _: u64) {}
+    fn completed(_: &QueueBlameMark, _: SeriesId, _: u32, _: u8, _: u64, _: u64) {}
 }

@@ -12,8 +12,8 @@
 //! | hook | families, in order |
 //! |---|---|
 //! | `block_io_start`, `block_rq_insert`, `block_bio_queue` | block_io (the submitter, the times), queue_blame (a tracked request's wait starts: its mark) |
-//! | `block_rq_issue` | block_io (device and op), queue_blame (the wait is shared out among the culprits) |
-//! | `block_rq_complete` | block_io (device, queue and whole time), queue_blame (the device's clock moves) |
+//! | `block_rq_issue` | block_io (device and op), queue_blame (the wait is shared out among the culprits; the mark moves to the issue) |
+//! | `block_rq_complete` | block_io (device, queue and whole time), queue_blame (the device's clock moves; a tracked request's device time is shared out) |
 //! | `sys_exit_<IO syscall>` | syscall (latency), query (IO time of the running query), relation (per file) |
 //! | `sys_enter_<IO syscall>` | syscall (the start), io_worker (an io worker's call booked under the backend served) |
 //! | `sched_switch` | query_wait (a query thread's blocked intervals), role_wait (the other PostgreSQL processes' waits), both with wait_event (the interval by individual event), query (this CPU's runs), syscall (the thread's call in progress) |
@@ -46,8 +46,15 @@ impl block_io::RequestRiders for BlockRiders {
         unsafe { queue_blame::issued(mark, series, dev, op, now) }
     }
 
-    fn completed(series: SeriesId, dev: u32, device_ns: u64, now: u64) {
-        queue_blame::completed(series, dev, device_ns, now);
+    fn completed(
+        mark: &QueueBlameMark,
+        series: SeriesId,
+        dev: u32,
+        op: u8,
+        device_ns: u64,
+        now: u64,
+    ) {
+        queue_blame::completed(mark, series, dev, op, device_ns, now);
     }
 }
 

@@ -1,8 +1,9 @@
 //! Queue blame's kernel side (`pgio_common::queue_blame` has the rule). It rides the block
 //! hooks (`hooks.rs`), handed each request's in-flight entry by `block_io`: a tracked request's
 //! wait takes a copy of its device's clock when it starts (`mark`), is shared out at its issue
-//! (`issued`), and every completed request, anyone's, moves the clock (`completed`). No program
-//! of its own, no lookup of the in-flight map.
+//! (`issued`), which marks it again, and its device time at its completion; every completed
+//! request, anyone's, moves the clock (`completed`). No program of its own, no lookup of the
+//! in-flight map.
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap},
@@ -11,8 +12,9 @@ use pgio_common::{
     SeriesId,
     hist::Bucket,
     queue_blame::{
-        CLOCK_PROBES, CLOCKS, CULPRIT_REST, CULPRIT_SERIES, CULPRIT_SLOTS, OWNER_IDLE_NS, QUOTA,
-        QueueBlameClock, QueueBlameKey, QueueBlameMark, clock_index, deltas, mark_of, shares,
+        CLOCK_PROBES, CLOCKS, CULPRIT_REST, CULPRIT_SERIES, CULPRIT_SLOTS, OWNER_IDLE_NS,
+        PHASE_DEVICE, PHASE_QUEUE, QUOTA, QueueBlameClock, QueueBlameKey, QueueBlameMark,
+        clock_index, deltas, mark_of, shares,
     },
 };
 
@@ -107,36 +109,19 @@ fn book(key: &QueueBlameKey, ns: u64) {
     }
 }
 
-/// The request of `victim` is issued on `dev` at `now`: the wait since its mark is shared out
-/// among the culprits the clock moved for (none: its own), and the mark moves to `now` for a
-/// second issue after a requeue.
+/// `wait` of `key.victim` shared out among the culprits `c` moved for since `mark` (none:
+/// its own).
 ///
-/// SAFETY: `m` points to an in-flight entry's mark.
+/// SAFETY: `c` points to a `QUEUE_BLAME_CLOCK` value.
 #[inline(always)]
-pub unsafe fn issued(m: *mut QueueBlameMark, victim: SeriesId, dev: u32, op: u8, now: u64) {
-    if !on() || !victim.is_tracked() {
-        return;
-    }
-    let from = unsafe { (*m).from_ns };
-    if from == 0 || from >= now || dev == 0 {
-        return;
-    }
-    let wait = now - from;
-    let mut key = QueueBlameKey {
-        victim,
-        culprit: victim,
-        dev,
-        op,
-        culprit_kind: CULPRIT_SERIES,
-        _pad: 0,
-    };
-    let Some(c) = clock(dev, false) else {
-        book(&key, wait);
-        return;
-    };
+unsafe fn share_out(
+    mut key: QueueBlameKey,
+    c: *mut QueueBlameClock,
+    mark: &[u32; CULPRIT_SLOTS],
+    wait: u64,
+) {
     // SAFETY: a map value, valid while the program runs; other CPUs add to it.
-    let clock = unsafe { (*c).done_ns };
-    let s = shares(wait, &deltas(&clock, unsafe { &(*m).done }));
+    let s = shares(wait, &deltas(unsafe { &(*c).done_ns }, mark));
     let mut any = false;
     let mut i = 0;
     while i < CULPRIT_SLOTS {
@@ -153,16 +138,49 @@ pub unsafe fn issued(m: *mut QueueBlameMark, victim: SeriesId, dev: u32, op: u8,
         i += 1;
     }
     if !any {
-        key.culprit = victim;
+        key.culprit = key.victim;
         key.culprit_kind = CULPRIT_SERIES;
         book(&key, wait);
     }
-    // SAFETY: as above; only this request's own events write its mark.
+}
+
+/// The request of `victim` is issued on `dev` at `now`: the wait since its mark is shared out
+/// among the culprits the clock moved for (none: its own), and the mark moves to `now`, for
+/// its device time (and for a second issue after a requeue).
+///
+/// SAFETY: `m` points to an in-flight entry's mark.
+#[inline(always)]
+pub unsafe fn issued(m: *mut QueueBlameMark, victim: SeriesId, dev: u32, op: u8, now: u64) {
+    if !on() || !victim.is_tracked() || dev == 0 {
+        return;
+    }
+    let from = unsafe { (*m).from_ns };
+    let key = QueueBlameKey {
+        victim,
+        culprit: victim,
+        dev,
+        op,
+        culprit_kind: CULPRIT_SERIES,
+        phase: PHASE_QUEUE,
+        _pad: 0,
+    };
+    let c = clock(dev, false);
+    if from != 0 && from < now {
+        match c {
+            // SAFETY: as the caller says; only this request's own events write its mark.
+            Some(c) => unsafe { share_out(key, c, &(*m).done, now - from) },
+            None => book(&key, now - from),
+        }
+    }
+    // SAFETY: as above.
     unsafe {
         (*m).from_ns = now;
         let mut i = 0;
         while i < CULPRIT_SLOTS {
-            (*m).done[i] = mark_of(clock[i]);
+            (*m).done[i] = match c {
+                Some(c) => mark_of((*c).done_ns[i]),
+                None => 0,
+            };
             i += 1;
         }
     }
@@ -197,9 +215,18 @@ unsafe fn slot_of(c: *mut QueueBlameClock, series: SeriesId, now: u64) -> usize 
     idle
 }
 
-/// A request of `series` completed on `dev` after `device_ns` on the device.
+/// A request of `series` completed on `dev` after `device_ns` on the device: the clock moves,
+/// then a tracked request's device time since its issue (`mark`) is shared out, its own
+/// completion included.
 #[inline(always)]
-pub fn completed(series: SeriesId, dev: u32, device_ns: u64, now: u64) {
+pub fn completed(
+    mark: &QueueBlameMark,
+    series: SeriesId,
+    dev: u32,
+    op: u8,
+    device_ns: u64,
+    now: u64,
+) {
     if !on() || dev == 0 {
         return;
     }
@@ -215,4 +242,19 @@ pub fn completed(series: SeriesId, dev: u32, device_ns: u64, now: u64) {
             (*c).last_ns[i] = now;
         }
     }
+    // Marked at its issue: a tracked request seen issued.
+    if !series.is_tracked() || mark.from_ns == 0 || device_ns == 0 {
+        return;
+    }
+    let key = QueueBlameKey {
+        victim: series,
+        culprit: series,
+        dev,
+        op,
+        culprit_kind: CULPRIT_SERIES,
+        phase: PHASE_DEVICE,
+        _pad: 0,
+    };
+    // SAFETY: as above.
+    unsafe { share_out(key, c, &mark.done, device_ns) };
 }
