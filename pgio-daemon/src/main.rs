@@ -70,7 +70,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    pgio_daemon::heap::limit_arenas();
+    pgio_daemon::heap::configure();
     let cli = Cli::parse();
     match cli.command {
         Command::Check { possible_cpus } => run_check(possible_cpus),
