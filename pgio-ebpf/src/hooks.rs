@@ -153,6 +153,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
         prev,
         prev_pid,
         next_pid.unwrap_or(0),
+        query_id::wait_event_at,
     );
     query::switched(next_pid == Some(0));
     syscall::switched_out();

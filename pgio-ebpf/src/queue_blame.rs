@@ -109,19 +109,19 @@ fn book(key: &QueueBlameKey, ns: u64) {
     }
 }
 
-/// `wait` of `key.victim` shared out among the culprits `c` moved for since `mark` (none:
-/// its own).
+/// `wait` of `key.victim` shared out among the culprits of `c` whose `done` (a copy of its
+/// clock) moved since `mark` (none: its own).
 ///
 /// SAFETY: `c` points to a `QUEUE_BLAME_CLOCK` value.
 #[inline(always)]
 unsafe fn share_out(
     mut key: QueueBlameKey,
     c: *mut QueueBlameClock,
+    done: &[u64; CULPRIT_SLOTS],
     mark: &[u32; CULPRIT_SLOTS],
     wait: u64,
 ) {
-    // SAFETY: a map value, valid while the program runs; other CPUs add to it.
-    let s = shares(wait, &deltas(unsafe { &(*c).done_ns }, mark));
+    let s = shares(wait, &deltas(done, mark));
     let mut any = false;
     let mut i = 0;
     while i < CULPRIT_SLOTS {
@@ -165,10 +165,14 @@ pub unsafe fn issued(m: *mut QueueBlameMark, victim: SeriesId, dev: u32, op: u8,
         _pad: 0,
     };
     let c = clock(dev, false);
+    // One copy of the clock for the queue wait's shares and the device time's mark: a
+    // completion between two reads would be in neither.
+    // SAFETY: a map value, valid while the program runs; other CPUs add to it.
+    let done = c.map_or([0; CULPRIT_SLOTS], |c| unsafe { (*c).done_ns });
     if from != 0 && from < now {
         match c {
             // SAFETY: as the caller says; only this request's own events write its mark.
-            Some(c) => unsafe { share_out(key, c, &(*m).done, now - from) },
+            Some(c) => unsafe { share_out(key, c, &done, &(*m).done, now - from) },
             None => book(&key, now - from),
         }
     }
@@ -177,10 +181,7 @@ pub unsafe fn issued(m: *mut QueueBlameMark, victim: SeriesId, dev: u32, op: u8,
         (*m).from_ns = now;
         let mut i = 0;
         while i < CULPRIT_SLOTS {
-            (*m).done[i] = match c {
-                Some(c) => mark_of((*c).done_ns[i]),
-                None => 0,
-            };
+            (*m).done[i] = mark_of(done[i]);
             i += 1;
         }
     }
@@ -256,5 +257,8 @@ pub fn completed(
         _pad: 0,
     };
     // SAFETY: as above.
-    unsafe { share_out(key, c, &mark.done, device_ns) };
+    unsafe {
+        let done = (*c).done_ns;
+        share_out(key, c, &done, &mark.done, device_ns)
+    };
 }

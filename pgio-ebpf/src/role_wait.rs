@@ -19,7 +19,7 @@ use pgio_common::{
 use crate::{
     hist,
     kernel_offsets::{task_sched, task_u32, task_u64},
-    query_id, tracked, wait_event,
+    tracked, wait_event,
 };
 
 /// Off-CPU intervals per (series, part), one log2 slot a key (client backends' inside
@@ -81,16 +81,24 @@ pub fn book_interval(series: SeriesId, info: u32, major: u8, blocked: u64, queue
 }
 
 /// `sched_switch`, in the context of `prev`; `on`: `query_wait::on()` (the same kernel
-/// fields and switch).
+/// fields and switch). `event_at` finds where the running (leaving) process keeps its wait
+/// event and its PostgreSQL major version, asked once per thread (`query_id` knows).
 #[inline(always)]
-pub fn switched(on: bool, preempt: bool, prev: u64, prev_pid: u32, next_pid: u32) {
+pub fn switched(
+    on: bool,
+    preempt: bool,
+    prev: u64,
+    prev_pid: u32,
+    next_pid: u32,
+    event_at: impl FnOnce() -> (u64, u8),
+) {
     if !on {
         return;
     }
     if prev_pid != 0
         && let Some(series) = waiter(prev_pid)
     {
-        left_cpu(prev, prev_pid, series, preempt);
+        left_cpu(prev, prev_pid, series, preempt, event_at);
     }
     if next_pid != 0
         && waiter(next_pid).is_some()
@@ -106,7 +114,13 @@ pub fn switched(on: bool, preempt: bool, prev: u64, prev_pid: u32, next_pid: u32
 }
 
 #[inline(always)]
-fn left_cpu(task: u64, tid: u32, series: SeriesId, preempt: bool) {
+fn left_cpu(
+    task: u64,
+    tid: u32,
+    series: SeriesId,
+    preempt: bool,
+    event_at: impl FnOnce() -> (u64, u8),
+) {
     let (run_delay_at, state_at) = task_sched();
     let blocked = !preempt && task_u32(task, state_at) != 0;
     let t = match ROLE_WAIT_THREADS.get_ptr_mut(&tid) {
@@ -147,11 +161,8 @@ fn left_cpu(task: u64, tid: u32, series: SeriesId, preempt: bool) {
         (*t).off_delay = delay;
         (*t).on_ns = 0;
         (*t).series = series;
-        if (*t).event_at == 0
-            && let Some(s) = query_id::source(tid).filter(|s| s.my_wait_event_info != 0)
-        {
-            (*t).event_at = bpf_probe_read_user(s.my_wait_event_info as *const u64).unwrap_or(0);
-            (*t).major = s.major as u8;
+        if (*t).event_at == 0 {
+            ((*t).event_at, (*t).major) = event_at();
         }
         let at = (*t).event_at;
         (*t).info = if at == 0 {
