@@ -81,7 +81,7 @@ enum Cmd {
         #[arg(long, conflicts_with = "per_call_only")]
         programs_only: bool,
         /// Only the block programs' cost per request (fio on a loop device, kernel
-        /// bpf_stats); BENCHMARKS.md untouched.
+        /// bpf_stats); its section of BENCHMARKS.md rewritten, the rest untouched.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only"])]
         block_only: bool,
         /// Only section 2's table (pgbench -S under each configuration, per-round ratios

@@ -195,3 +195,64 @@ pub fn report(r: &mut String, costs: &[EngineCost]) {
     }
     r.push('\n');
 }
+
+const SECTION: &str = "### Block programs per request";
+
+/// `report`'s section of `file` (BENCHMARKS.md) replaced by `section`, the rest of the file as
+/// it was: a `--block-only` run updates its figures without a full run's 35 minutes, and says so.
+pub fn rewrite_section(file: &Path, section: &str) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let day = std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map_or_else(|| "?".to_owned(), |d| d.trim().to_owned());
+    let section = format!(
+        "{}\n\nThis section alone: `cargo xtask bench --block-only`, {day} (the rest of the file is \
+         the last full run's).\n",
+        section.trim_end()
+    );
+    let out = spliced(&text, &section)
+        .with_context(|| format!("{} has no {SECTION:?} section", file.display()))?;
+    std::fs::write(file, out).with_context(|| format!("writing {}", file.display()))
+}
+
+/// `text` with the section that starts at `SECTION` (up to the next heading of level 2 or 3)
+/// replaced by `section`.
+fn spliced(text: &str, section: &str) -> Option<String> {
+    let start = text.find(&format!("\n{SECTION}\n"))? + 1;
+    let body = start + SECTION.len();
+    let end = ["\n## ", "\n### "]
+        .iter()
+        .filter_map(|h| text[body..].find(h).map(|i| body + i + 1))
+        .min()
+        .unwrap_or(text.len());
+    Some(format!("{}{section}\n{}", &text[..start], &text[end..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_its_section_is_replaced() {
+        let text = "# pgio\n\n### Map memory\n\nm\n\n### Block programs per request\n\nold\n| a |\n\n\n## 2. Next\n\nkept\n";
+        let out = spliced(text, "### Block programs per request\n\nnew\n").expect("found");
+        assert_eq!(
+            out,
+            "# pgio\n\n### Map memory\n\nm\n\n### Block programs per request\n\nnew\n\n## 2. Next\n\nkept\n"
+        );
+        assert!(spliced("# pgio\n", "x").is_none());
+        // Last in the file.
+        let out = spliced(
+            "a\n### Block programs per request\nold\n",
+            "### Block programs per request\nnew\n",
+        );
+        assert_eq!(
+            out.as_deref(),
+            Some("a\n### Block programs per request\nnew\n\n")
+        );
+    }
+}
