@@ -35,6 +35,8 @@ pub struct BenchOptions {
     pub pairs: usize,
     /// Seconds per pgbench run.
     pub pgbench_secs: u32,
+    /// pgbench's clients in section 2 (`-c N -j N`): as many as the CPUs to load them all.
+    pub clients: u32,
     /// Smoke run: tiny counts, no BENCHMARKS.md.
     pub quick: bool,
     /// Only section 1, printed.
@@ -60,6 +62,7 @@ impl BenchOptions {
             calls: 20_000,
             pairs: 1,
             pgbench_secs: 2,
+            clients: 2,
             quick: true,
             per_call_only: false,
             programs_only: false,
@@ -82,6 +85,7 @@ impl BenchOptions {
             calls: 1_000_000,
             pairs: 8,
             pgbench_secs: 10,
+            clients: 2,
             quick: false,
             per_call_only,
             programs_only,
@@ -841,13 +845,14 @@ struct Tps {
     switched: Option<switched::Switched>,
 }
 
-fn pgbench_tps(pg: &PgCluster, secs: u32) -> Result<f64> {
-    Ok(pgbench_run(pg, secs)?.0)
+fn pgbench_tps(pg: &PgCluster, secs: u32, clients: u32) -> Result<f64> {
+    Ok(pgbench_run(pg, secs, clients)?.0)
 }
 
-/// `pgbench -S` for `secs`: (tps, transactions).
-fn pgbench_run(pg: &PgCluster, secs: u32) -> Result<(f64, f64)> {
-    let out = pg.pgbench_ok(&["-S", "-n", "-c", "2", "-j", "2", "-T", &secs.to_string()])?;
+/// `pgbench -S -c clients -j clients` for `secs`: (tps, transactions).
+fn pgbench_run(pg: &PgCluster, secs: u32, clients: u32) -> Result<(f64, f64)> {
+    let c = clients.to_string();
+    let out = pg.pgbench_ok(&["-S", "-n", "-c", &c, "-j", &c, "-T", &secs.to_string()])?;
     let tps = out
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))
@@ -952,7 +957,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let mut pg = PgCluster::init_with(opts)?;
     pg.start()?;
     pg.pgbench_ok(&["-i", "-q", "-s", "10"])?;
-    pgbench_tps(&pg, 3)?; // warm the cache: the data set fits in shared_buffers + page cache
+    pgbench_tps(&pg, 3, o.clients)?; // warm the cache: the data set fits in shared_buffers + page cache
     let mut tps = Tps {
         runs: BTreeMap::new(),
         cpu_us: BTreeMap::new(),
@@ -970,7 +975,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
             let run = PgbenchRun::ALL[(round + k) % n];
             let beside = Beside::start(bins, run)?;
             let cpu0 = cgroup.usage_us()?;
-            let (t, transactions) = pgbench_run(&pg, o.pgbench_secs)?;
+            let (t, transactions) = pgbench_run(&pg, o.pgbench_secs, o.clients)?;
             let cpu = (cgroup.usage_us()? - cpu0) / transactions.max(1.0);
             beside.stop()?;
             step(format!(
@@ -983,7 +988,13 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
             tps.cpu_us.entry(run).or_default().push(cpu);
         }
     }
-    tps.switched = Some(switched::run(bins, &pg, o.switched_secs, o.slice)?);
+    tps.switched = Some(switched::run(
+        bins,
+        &pg,
+        o.switched_secs,
+        o.slice,
+        o.clients,
+    )?);
     // Apart from the rounds: bpf_stats costs two clock reads per program run.
     let stats = BpfStats::enable()?;
     let d = Daemon::start(&bins.daemon, "")?;
@@ -991,7 +1002,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let before = d.scrape()?;
     let (cpu0, _) = cpu_and_rss(d.pid())?;
     let started = Instant::now();
-    tps.with_transactions = pgbench_run(&pg, o.pgbench_secs)?.1;
+    tps.with_transactions = pgbench_run(&pg, o.pgbench_secs, o.clients)?.1;
     tps.with_secs = started.elapsed().as_secs_f64();
     tps.with_daemon_cpu_s = cpu_and_rss(d.pid())?.0 - cpu0;
     let after = d.scrape()?;
@@ -1001,7 +1012,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let mut c = Command::new(&bins.daemon);
     c.args(["floor", "--hooks", "pgio"]);
     let mut floor = spawn_until(c, "ready")?;
-    tps.floor_transactions = pgbench_run(&pg, o.pgbench_secs)?.1;
+    tps.floor_transactions = pgbench_run(&pg, o.pgbench_secs, o.clients)?.1;
     for l in floor.stop() {
         let mut f = l.split(' ');
         if f.next() != Some("stats") || f.next().is_none() {
@@ -1201,9 +1212,11 @@ fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps, dispatch_ns: Opti
     let _ = writeln!(
         r,
         "PostgreSQL 15, scale 10 on ext4 on a direct-IO loop device, warm cache (the worst case \
-         for relative overhead: every transaction is CPU and syscalls), `pgbench -S -c 2 -j 2 -T \
+         for relative overhead: every transaction is CPU and syscalls), `pgbench -S -c {} -j {} -T \
          {}`, {} interleaved rounds of {} runs (the order rotates each round); pgio tracks every \
          Postgres process.\n",
+        o.clients,
+        o.clients,
         o.pgbench_secs,
         o.pairs,
         PgbenchRun::ALL.len()

@@ -94,6 +94,10 @@ enum Cmd {
         /// Seconds of the switched pgbench run (configurations alternated every 100 ms).
         #[arg(long, default_value_t = 600)]
         switched_secs: u32,
+        /// pgbench's clients and threads in section 2 (`-c N -j N`): the node's CPU count
+        /// measures pgio with every CPU busy (at most 64: PostgreSQL's 100 connections).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+        clients: u32,
     },
     /// Setup, build pgio-daemon (release) and, as root, soak it: PostgreSQL under `pgbench -C`
     /// churn plus every hostile input at once; RSS, fds, series and dropped events sampled
@@ -275,6 +279,7 @@ fn real_main() -> Result<()> {
             pgbench_only,
             pgbench_rounds,
             switched_secs,
+            clients,
         } => {
             if !setup.skip_setup {
                 build::setup()?;
@@ -290,6 +295,7 @@ fn real_main() -> Result<()> {
                 bench::BenchOptions {
                     pairs: pgbench_rounds,
                     switched_secs,
+                    clients,
                     ..bench::BenchOptions::full(
                         per_call_only,
                         programs_only,

@@ -87,6 +87,8 @@ pub(super) struct Pair {
 /// What the switched run measured.
 pub(super) struct Switched {
     pub secs: u32,
+    /// pgbench's clients (`-c`, and as many threads).
+    pub clients: u32,
     pub slice: Duration,
     pub pairs: Vec<Pair>,
     /// Median milliseconds attaching a set took, and detaching it.
@@ -105,9 +107,15 @@ fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Runs `pgbench -S -c 2 -j 2` for about `secs` in pairs of `slice`s: without programs, then
-/// with pgio's (three pairs in four) or the floor's.
-pub(super) fn run(bins: &Bins, pg: &PgCluster, secs: u32, slice: Duration) -> Result<Switched> {
+/// Runs `pgbench -S -c N -j N` (`clients`) for about `secs` in pairs of `slice`s: without
+/// programs, then with pgio's (three pairs in four) or the floor's.
+pub(super) fn run(
+    bins: &Bins,
+    pg: &PgCluster,
+    secs: u32,
+    slice: Duration,
+    clients: u32,
+) -> Result<Switched> {
     let log_dir = temp_dir()?;
     // pgbench runs as the cluster's OS user.
     std::fs::set_permissions(log_dir.path(), std::fs::Permissions::from_mode(0o777))?;
@@ -142,9 +150,9 @@ pub(super) fn run(bins: &Bins, pg: &PgCluster, secs: u32, slice: Duration) -> Re
                 "-S".to_string(),
                 "-n".into(),
                 "-c".into(),
-                "2".into(),
+                clients.to_string(),
                 "-j".into(),
-                "2".into(),
+                clients.to_string(),
                 "-T".into(),
                 total.to_string(),
                 "-l".into(),
@@ -157,12 +165,12 @@ pub(super) fn run(bins: &Bins, pg: &PgCluster, secs: u32, slice: Duration) -> Re
                 m.sum(
                     "pgio_tracked_processes",
                     &[("app", "postgres"), ("role", "client backend")],
-                ) >= 2.0
+                ) >= f64::from(clients)
             })
         });
         ensure!(
             tracked,
-            "pgio did not track pgbench's 2 backends within 10 s"
+            "pgio did not track pgbench's {clients} backends within 10 s"
         );
         let t = Instant::now();
         pgio.set(false)?;
@@ -224,6 +232,7 @@ pub(super) fn run(bins: &Bins, pg: &PgCluster, secs: u32, slice: Duration) -> Re
     };
     let switched = Switched {
         secs,
+        clients,
         slice,
         sampled: ends.len(),
         attach_ms: median_of(switch_ms),
@@ -317,7 +326,7 @@ pub(super) fn report(r: &mut String, s: &Switched) {
     let _ = writeln!(
         r,
         "\n### Pairs of adjacent {} ms slices within one pgbench run (the 2 % resolution)\n\n\
-         One `pgbench -S -c 2 -j 2` run of {} s with pgio (default config) and the floor both \
+         One `pgbench -S -c {} -j {}` run of {} s with pgio (default config) and the floor both \
          loaded throughout; their hooks are attached and detached (`--bench-switch`) so that a \
          slice without any program is followed at once by a slice with one set (pgio's in three \
          pairs of four, the floor's in the fourth). Attaching takes {:.1} ms (median), \
@@ -330,6 +339,8 @@ pub(super) fn report(r: &mut String, s: &Switched) {
          CPU is in both sides.\n\n\
          | | pairs | throughput with / without | 95 % interval | width |\n|---|---:|---:|---:|---:|",
         s.slice.as_millis(),
+        s.clients,
+        s.clients,
         s.secs,
         s.attach_ms,
         s.detach_ms,
