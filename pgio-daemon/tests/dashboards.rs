@@ -638,9 +638,8 @@ fn every_panel_query_returns_data() {
 
     // A real Longhorn volume is a SCSI disk with mq-deadline; the stand-in's loop device has
     // no scheduler, so no request would be queued (the queue-time panel).
-    let sched = format!("/sys/block/{}/queue/scheduler", s.vol.device_name());
-    let _put_back = SchedulerBack::read(&sched);
-    std::fs::write(&sched, "mq-deadline").unwrap_or_else(|e| panic!("{sched}: {e}"));
+    let _deadline =
+        pgio_testkit::QueueKnobs::set(s.vol.device_name(), &[("scheduler", "mq-deadline")]);
 
     // The cluster runs in a kubelet-shaped pod (the dashboard's namespace and pod variables).
     let logs = PodLogs::create(&s.dir.path().join("log")).expect("pod log dirs");
@@ -937,28 +936,4 @@ fn grafana_escaping() {
         references("a $b ${c} ${d:csv} [[e]] $__rate_interval $"),
         ["b", "c", "d", "e", "__rate_interval"]
     );
-}
-
-/// A loop device's scheduler, put back when dropped (also on failure): the device outlives
-/// its attachment, and the next test to attach it would inherit it.
-struct SchedulerBack(String, String);
-
-impl SchedulerBack {
-    fn read(path: &str) -> SchedulerBack {
-        let all = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        // Every choice, the one in use bracketed.
-        let now = all
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
-            .unwrap_or("none");
-        SchedulerBack(path.to_owned(), now.to_owned())
-    }
-}
-
-impl Drop for SchedulerBack {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::write(&self.0, &self.1) {
-            eprintln!("{}: could not put back {}: {e}", self.0, self.1);
-        }
-    }
 }

@@ -36,7 +36,7 @@ use std::{
 use common::Daemon;
 use pgio_testkit::{
     Ext4Mount, LonghornOptions, LonghornVolume, LoopDevice, Metrics, PgCluster, PgOptions,
-    emulated, fio, pg_bin_dir, require_root, temp_dir,
+    QueueKnobs, emulated, fio, pg_bin_dir, require_root, temp_dir,
 };
 
 const BLAME: &str = "pgio_block_io_queue_blame_seconds_total";
@@ -79,39 +79,6 @@ fn mq_deadline(dev: &str) -> Option<QueueKnobs> {
         now.trim()
     );
     None
-}
-
-/// Queue settings of a loop device, put back when dropped (also on failure): the device
-/// outlives its attachment, and the next test to attach it would inherit them.
-struct QueueKnobs(Vec<(String, String)>);
-
-impl QueueKnobs {
-    fn set(dev: &str, knobs: &[(&str, &str)]) -> QueueKnobs {
-        let mut was = QueueKnobs(Vec::new());
-        for (knob, v) in knobs {
-            let p = format!("/sys/block/{dev}/queue/{knob}");
-            let old = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
-            // `scheduler` reads as every choice, the one in use bracketed.
-            let old = match (old.find('['), old.find(']')) {
-                (Some(a), Some(b)) if a < b => &old[a + 1..b],
-                _ => old.trim(),
-            };
-            was.0.push((p.clone(), old.to_owned()));
-            std::fs::write(&p, v).unwrap_or_else(|e| panic!("{p}: {e}"));
-        }
-        was
-    }
-}
-
-impl Drop for QueueKnobs {
-    fn drop(&mut self) {
-        // The last set first: `nr_requests` may depend on the others.
-        for (p, v) in self.0.iter().rev() {
-            if let Err(e) = std::fs::write(p, v) {
-                eprintln!("{p}: could not put back {v}: {e}");
-            }
-        }
-    }
 }
 
 /// fio's binary copied to `<dir>/<name>`: its processes' comm is `name`.

@@ -38,7 +38,7 @@ pub use diskstats::{DiskStats, diskstats};
 pub use ext4::Ext4Mount;
 pub use load::{LoadProcess, pgio_load_bin};
 pub use longhorn::{EngineStats, LonghornOptions, LonghornVolume, ReplicaStats};
-pub use loopdev::LoopDevice;
+pub use loopdev::{LoopDevice, QueueKnobs};
 pub use metrics::{Metrics, Sample, scrape};
 pub use monotonic::{Monotonic, MonotonicWatch, WatchReport};
 pub use pgdist::pg_bin_dir;

@@ -225,6 +225,42 @@ fn parse_major_minor(s: &str) -> Result<(u32, u32)> {
     Ok((ma.parse().context("major")?, mi.parse().context("minor")?))
 }
 
+/// Queue settings of a block device (`/sys/block/<dev>/queue/<knob>`), put back when dropped
+/// (also on failure), the last set first: a loop device outlives its attachment, and the next
+/// test to attach it (or a benchmark) would inherit them. `scheduler` is put back as the one
+/// that was in use.
+pub struct QueueKnobs(Vec<(String, String)>);
+
+impl QueueKnobs {
+    /// Sets each (knob, value) in order; panics (a test fixture) when one cannot be.
+    pub fn set(dev: &str, knobs: &[(&str, &str)]) -> QueueKnobs {
+        let mut was = QueueKnobs(Vec::new());
+        for (knob, v) in knobs {
+            let p = format!("/sys/block/{dev}/queue/{knob}");
+            let old = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+            // `scheduler` reads as every choice, the one in use bracketed.
+            let old = old
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+                .unwrap_or(old.trim());
+            was.0.push((p.clone(), old.to_owned()));
+            std::fs::write(&p, v).unwrap_or_else(|e| panic!("{p}: {e}"));
+        }
+        was
+    }
+}
+
+impl Drop for QueueKnobs {
+    fn drop(&mut self) {
+        // The last set first: `nr_requests` depends on the scheduler.
+        for (p, v) in self.0.iter().rev() {
+            if let Err(e) = std::fs::write(p, v) {
+                eprintln!("{p}: could not put back {v}: {e}");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
