@@ -227,6 +227,13 @@ fn sweep_every(timeout: Duration) -> Duration {
     (timeout / 8).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
+/// How long a forked process' provisional series is kept for its block requests' late
+/// completions (`provisional::grace`): until the sweep has counted them lost.
+pub fn provisional_grace(config: &Config) -> Duration {
+    let timeout = config.secs(&INFLIGHT_TIMEOUT);
+    crate::provisional::grace(timeout, sweep_every(timeout))
+}
+
 /// How long a request may wait to be issued before the sweep forgets it: far longer than any
 /// scheduler holds one (and a request issued after all is still counted, from its issue).
 const UNISSUED_FORGET: Duration = Duration::from_secs(120);

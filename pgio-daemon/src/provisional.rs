@@ -15,9 +15,20 @@ use std::{
 
 use pgio_common::SeriesId;
 
-/// How long a closed entry is kept: block requests submitted while provisional can complete
-/// (and recreate their key) after the process was classified.
-const GRACE: Duration = Duration::from_secs(30);
+/// The longest a closed entry is kept: block requests submitted while provisional can complete
+/// (and recreate their key) after the process was classified. Below it, the entry goes once
+/// such a request can no longer complete under its key (`grace`).
+const GRACE_MAX: Duration = Duration::from_secs(30);
+
+/// How long a closed entry is kept, for a block family that counts a request in flight longer
+/// than `inflight_timeout` as lost and forgets it within `sweep_every` after that: its late
+/// completion is `unmatched` then, under no series, so nothing can recreate a provisional
+/// key. Capped at `GRACE_MAX` (the default timeout, 180 s, would hold every `pgbench -C`
+/// connection's entry 6× longer); a request that completes after that leaves its key
+/// pending until the key quota evicts it.
+pub fn grace(inflight_timeout: Duration, sweep_every: Duration) -> Duration {
+    (inflight_timeout + sweep_every).min(GRACE_MAX)
+}
 
 /// How long a provisional series' keys stay in the kernel map after the kernel stopped
 /// booking under it: a program that read the series just before the switch (or a request
@@ -54,6 +65,8 @@ pub struct Provisional {
     /// When discovery last found the lifecycle ring empty, set once it has handled what it
     /// read: every event the kernel sent before then has been handled.
     ring_drained: Option<Instant>,
+    /// How long closed entries are kept (`grace`); `GRACE_MAX` until set.
+    pub grace: Option<Duration>,
 }
 
 impl Entry {
@@ -168,7 +181,7 @@ impl Provisional {
         }
     }
 
-    /// Whether closed entries are kept (for `GRACE`): their keys, also those a late event
+    /// Whether closed entries are kept (for the grace): their keys, also those a late event
     /// made after the last fold, are for the fold pass to move.
     pub fn has_closed(&self) -> bool {
         self.entries.values().any(|e| e.closed_at.is_some())
@@ -243,8 +256,9 @@ impl Provisional {
 
     /// Forgets entries closed long enough ago that nothing can be booked under them any more.
     pub fn expire(&mut self, now: Instant) {
+        let grace = self.grace.unwrap_or(GRACE_MAX);
         self.entries
-            .retain(|_, e| e.closed_at.is_none_or(|t| now.duration_since(t) < GRACE));
+            .retain(|_, e| e.closed_at.is_none_or(|t| now.duration_since(t) < grace));
     }
 
     /// Processes whose events are held back now (`pgio_provisional_processes`).
@@ -324,10 +338,28 @@ mod tests {
         p.closed(100);
         assert_eq!(p.route(SeriesId::provisional(100)), Route::Fold(s(7)));
         p.forked(103, s(3));
-        p.expire(Instant::now() + GRACE + Duration::from_secs(1));
+        p.expire(Instant::now() + GRACE_MAX + Duration::from_secs(1));
         assert_eq!(p.len(), 1);
         assert!(p.is_open(103));
         assert!(!p.has_closed(), "expired with their grace");
+    }
+
+    #[test]
+    fn the_grace_ends_once_a_late_request_counts_lost_at_most_after_thirty_seconds() {
+        let secs = Duration::from_secs;
+        assert_eq!(grace(secs(5), secs(1)), secs(6));
+        assert_eq!(grace(secs(180), Duration::from_millis(22_500)), GRACE_MAX);
+        let mut p = Provisional {
+            grace: Some(secs(6)),
+            ..Default::default()
+        };
+        p.forked(100, s(3));
+        p.resolved(100, s(7));
+        let closed = Instant::now();
+        p.expire(closed + secs(5));
+        assert_eq!(p.len(), 1, "kept while a late completion may still come");
+        p.expire(closed + secs(7));
+        assert_eq!(p.len(), 0);
     }
 
     /// A /proc look that finds a backend gone closes it before discovery reads the ring

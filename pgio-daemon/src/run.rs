@@ -145,6 +145,7 @@ pub fn start(
     let health = Arc::new(Health::new(&ebpf, probes::DROPS_MAP).context("health probe")?);
     let http_stats = Arc::new(HttpStats::default());
     let shared: SharedTracked = Arc::new(Mutex::new(Tracked::with_limits(series::limits(&config))));
+    crate::lock(&shared).provisional.grace = Some(crate::block_io::provisional_grace(&config));
     // Families are encoded in this order (device info last: it lists the devices the others
     // saw).
     let mut collector =

@@ -71,7 +71,8 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     let file = attacker.file.to_str().expect("path");
 
     let daemon = Daemon::with_config(&format!(
-        "rescan_interval_secs = 1\nseries_retention_secs = 4\nmax_series_per_group = {PER_GROUP}\n"
+        "rescan_interval_secs = 1\nseries_retention_secs = 4\nmax_series_per_group = {PER_GROUP}\n\
+         block_inflight_timeout_secs = 5\n"
     ))
     .expect("daemon");
     daemon.wait_tracked("postgres", "checkpointer");
@@ -231,7 +232,8 @@ fn hostile_titles_cannot_write_into_a_clusters_series_nor_bloat_the_exposition()
     assert_eq!(m.sum("pgio_kernel_map_errors_total", &[]), 0.0);
 
     // 4. All gone: their series leave the exposition after the retention, which starts once
-    // the forked processes' 30 s grace for late block completions (`provisional`) is over.
+    // the forked processes' grace for late block completions (`provisional`: 5 s + a 1 s sweep
+    // with this config) is over.
     flood.end();
     replica.end();
     drop(legit);

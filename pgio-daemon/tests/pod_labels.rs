@@ -421,7 +421,8 @@ fn a_postgres_cluster_in_a_pod_labels_its_backends() {
     logs.remove("pg", "pg-0", &uid).expect("remove logs");
     cgroup.remove().expect("remove cgroup");
     // Forked backends' provisional bookkeeping keeps the cluster's `starting` series in use
-    // for its 30 s grace (late block completions fold into it), then the retention runs.
+    // for its grace (late block completions fold into it: 2 s with this config's 1 s in-flight
+    // timeout), then the retention runs.
     let left = || {
         daemon
             .scrape()
@@ -432,7 +433,7 @@ fn a_postgres_cluster_in_a_pod_labels_its_backends() {
             .collect::<Vec<_>>()
     };
     let gone = wait_until(
-        Duration::from_secs(30 + RETENTION_SECS + 10),
+        Duration::from_secs(2 + RETENTION_SECS + 10),
         Duration::from_millis(500),
         || left().is_empty(),
     );

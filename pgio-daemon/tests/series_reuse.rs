@@ -26,7 +26,7 @@ use pgio_testkit::{
 
 const MAX_SERIES: usize = 56;
 /// Rounds that fit; one more, on their freed ids, goes past the cap. Each round waits out the
-/// 30 s provisional grace before its ids are free: one round that fits is enough to reuse.
+/// provisional grace before its ids are free: one round that fits is enough to reuse.
 const ROUNDS: usize = 1;
 /// Backends the last round has beyond the room it finds.
 const PAST_CAP: usize = 5;
@@ -34,6 +34,9 @@ const PAST_CAP: usize = 5;
 /// children start in.
 const CLUSTER_SERIES: usize = 2;
 const FAKE_READS: usize = 5;
+/// A forked backend's series is held until its late block requests count lost
+/// (`provisional::grace`): 5 s + a 1 s sweep here, not the default's 30 s.
+const GRACE_CONFIG: &str = "block_inflight_timeout_secs = 5\n";
 const READS: u64 = 1_000;
 
 /// `pread64` calls booked on the made-up cluster's series of databases `r<round>db…`.
@@ -68,7 +71,7 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
     let lo = LoopDevice::create_written(dir.path(), 16 << 20, true).expect("loop device");
     let daemon = Daemon::with_config(&format!(
         "rescan_interval_secs = 1\nseries_retention_secs = 1\nmax_series = {MAX_SERIES}\n\
-         max_series_per_group = {MAX_SERIES}\n{}",
+         max_series_per_group = {MAX_SERIES}\n{GRACE_CONFIG}{}",
         reader_rule(lo.path(), "reader")
     ))
     .expect("daemon");
@@ -147,15 +150,15 @@ fn series_ids_are_reused_and_a_reused_id_carries_nothing_over() {
             );
         }
         flood.end();
-        // Retired once the backends' 30 s provisional grace and the 1 s retention are over.
-        let retired = wait_until(Duration::from_secs(60), Duration::from_millis(500), || {
+        // Retired once the backends' provisional grace (6 s) and the 1 s retention are over.
+        let retired = wait_until(Duration::from_secs(20), Duration::from_millis(500), || {
             let m = daemon.scrape();
             m.sum("pgio_series_retired_total", &[])
                 >= at_start.sum("pgio_series_retired_total", &[]) + (backends as f64 - refused)
         });
         assert!(
             retired,
-            "round {round}'s series were not retired within 60 s"
+            "round {round}'s series were not retired within 20 s"
         );
         // Retired is not yet free: a map read deletes their kernel keys, then the ids are
         // given out again. The next round's label sets need them.
