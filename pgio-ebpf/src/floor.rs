@@ -99,6 +99,23 @@ pub fn part_tracked(_ctx: TracePointContext) -> u32 {
     tracked::series_of(tgid).map_or(0, |s| s.0)
 }
 
+/// `part_tracked` in a program whose stack frame is 64 bytes or more, as pgio's are: the
+/// kernel (6.13 on) gives such a program a private per-CPU stack.
+#[tracepoint]
+pub fn part_tracked_big_frame(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let Some(s) = tracked::series_of(tgid) else {
+        return 0;
+    };
+    let mut frame = [0u64; 16];
+    for (i, v) in frame.iter_mut().enumerate() {
+        // SAFETY: a local; volatile so that the frame is kept.
+        unsafe { core::ptr::write_volatile(v, i as u64 ^ s.0 as u64) };
+    }
+    // SAFETY: a local.
+    unsafe { core::ptr::read_volatile(&frame[(s.0 & 15) as usize]) as u32 }
+}
+
 #[tracepoint]
 pub fn part_ktime(_ctx: TracePointContext) -> u32 {
     // SAFETY: no arguments.

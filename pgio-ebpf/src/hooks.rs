@@ -20,6 +20,7 @@
 //! | `sched_process_fork` | lifecycle (the child's series, the fork event), query_id (where the child's id is) |
 //! | `sched_process_exit` | syscall, query, relation, role_wait (the thread's state); for a process: query_id, lifecycle |
 use aya_ebpf::{
+    EbpfContext as _,
     helpers::bpf_get_current_pid_tgid,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
@@ -32,6 +33,7 @@ use pgio_common::{
 
 use crate::{
     block_io, lifecycle, query, query_id, query_wait, queue_blame, relation, role_wait, syscall,
+    tracked,
 };
 
 /// The block hooks' riders, after `block_io`.
@@ -91,13 +93,24 @@ pub fn block_bio_queue_before_5_11(ctx: BtfTracePointContext) -> i32 {
     block_io::bio_queued::<BlockRiders>(ctx.arg(1))
 }
 
-/// An IO syscall's exit: its latency, then the running query's IO time and its file's row.
+/// An IO syscall's exit, of a tracked process only (`tracked::caller`, which keeps this
+/// program's own frame small).
 #[inline(always)]
 fn io_syscall_exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
-    let Some(e) = syscall::exit(sc) else {
+    match tracked::caller() {
+        Some(c) => io_syscall_exit_tracked(ctx.as_ptr(), c.pid_tgid, sc),
+        None => 0,
+    }
+}
+
+/// Its latency, then the running query's IO time and its file's row.
+#[inline(never)]
+fn io_syscall_exit_tracked(ctx: *mut core::ffi::c_void, pid_tgid: u64, sc: Syscall) -> u32 {
+    let ctx = &TracePointContext::new(ctx);
+    let Some(e) = syscall::exit(pid_tgid, sc) else {
         return 0;
     };
-    query::add_io(e.tid, e.ns, e.cache == Cache::Miss);
+    query::add_io(e.start.series, e.tid, e.ns, e.cache == Cache::Miss);
     relation::add(e.tgid, &e.start, e.cache, e.ns, || e.bytes(ctx));
     0
 }

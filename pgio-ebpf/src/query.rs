@@ -2,7 +2,10 @@
 //! syscalls (`pgio_common::query` has the rules): `recvfrom` and `sendto` move the backend's
 //! `Phase`; the syscall exits add their time to the running query (`add_io`). A query ends
 //! counted in its CPU's run (`QUERY_RUNS`), which goes into `QUERY_HIST` in one go.
+use core::ffi::c_void;
+
 use aya_ebpf::{
+    EbpfContext as _,
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
@@ -548,10 +551,20 @@ fn free(s: *mut QueryState) {
 /// `recvfrom(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = thread::current();
-    let Some(series) = tracked::series_of(tgid) else {
-        return 0;
-    };
+    match tracked::caller() {
+        Some(c) => sys_enter_recvfrom_tracked(ctx.as_ptr(), c.pid_tgid, c.series.0),
+        None => 0,
+    }
+}
+
+/// A tracked process' program's work, in a function of its own (`tracked::caller`).
+#[inline(never)]
+fn sys_enter_recvfrom_tracked(ctx: *mut c_void, pid_tgid: u64, series: u32) -> u32 {
+    let (ctx, tid, series) = (
+        TracePointContext::new(ctx),
+        pid_tgid as u32,
+        SeriesId(series),
+    );
     let call = call_at_entry(&ctx);
     if let Some(s) = open_connection(tid, series, call.fd) {
         keep_call(call, s);
@@ -563,10 +576,19 @@ pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
 /// backend is about to wait for one).
 #[tracepoint]
 pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = thread::current();
-    let Some(series) = tracked::series_of(tgid) else {
-        return 0;
-    };
+    match tracked::caller() {
+        Some(c) => sys_exit_recvfrom_tracked(ctx.as_ptr(), c.pid_tgid, c.series.0),
+        None => 0,
+    }
+}
+
+#[inline(never)]
+fn sys_exit_recvfrom_tracked(ctx: *mut c_void, pid_tgid: u64, series: u32) -> u32 {
+    let (ctx, tid, series) = (
+        TracePointContext::new(ctx),
+        pid_tgid as u32,
+        SeriesId(series),
+    );
     let Some((s, call)) = socket_call(tid, series, true) else {
         return 0;
     };
@@ -636,10 +658,15 @@ unsafe fn read_first(s: *mut QueryState, series: SeriesId, buf: u64, ret: i64) {
 /// `sendto(fd, buf, len, …)` before 5.15: keeps the call for its exit.
 #[tracepoint]
 pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = thread::current();
-    if tracked::series_of(tgid).is_none() {
-        return 0;
+    match tracked::caller() {
+        Some(c) => sys_enter_sendto_tracked(ctx.as_ptr(), c.pid_tgid),
+        None => 0,
     }
+}
+
+#[inline(never)]
+fn sys_enter_sendto_tracked(ctx: *mut c_void, pid_tgid: u64) -> u32 {
+    let (ctx, tid) = (TracePointContext::new(ctx), pid_tgid as u32);
     let call = call_at_entry(&ctx);
     if let Some(s) = find(tid) {
         keep_call(call, s);
@@ -651,10 +678,19 @@ pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
 /// plain one, whether the send ended with ReadyForQuery: the end of a query.
 #[tracepoint]
 pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = thread::current();
-    let Some(series) = tracked::series_of(tgid) else {
-        return 0;
-    };
+    match tracked::caller() {
+        Some(c) => sys_exit_sendto_tracked(ctx.as_ptr(), c.pid_tgid, c.series.0),
+        None => 0,
+    }
+}
+
+#[inline(never)]
+fn sys_exit_sendto_tracked(ctx: *mut c_void, pid_tgid: u64, series: u32) -> u32 {
+    let (ctx, tid, series) = (
+        TracePointContext::new(ctx),
+        pid_tgid as u32,
+        SeriesId(series),
+    );
     let Some((s, call)) = socket_call(tid, series, false) else {
         return 0;
     };
@@ -706,13 +742,18 @@ pub fn sys_exit_sendto(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// An IO syscall of this thread took `ns`: part of its running query, if one is. Inside an
-/// AIO wait the wait's whole time is counted instead (with `io_method = io_uring` the wait is
-/// an `io_uring_enter`: counting both would count it twice).
+/// An IO syscall of this thread, booked under `series`, took `ns`: part of its running query,
+/// if one is. Inside an AIO wait the wait's whole time is counted instead (with
+/// `io_method = io_uring` the wait is an `io_uring_enter`: counting both would count it twice).
 #[inline(always)]
-pub fn add_io(tid: u32, ns: u64, miss: bool) {
+pub fn add_io(series: SeriesId, tid: u32, ns: u64, miss: bool) {
     // SAFETY: a global the loader rewrites; volatile so the compiler keeps the load.
     if unsafe { core::ptr::read_volatile(&QUERIES_ON) } == 0 {
+        return;
+    }
+    // Only a client backend's thread holds a way: any other process' call stops at one bit,
+    // not a search of its set's ways.
+    if !tracked::serves_clients(series) {
         return;
     }
     let Some(q) = find(tid) else {

@@ -5,7 +5,10 @@
 //! lookups and tag compares, atomic adds), or, when the slot's row for that cache outcome
 //! holds another (series, syscall) or the series is provisional, in `RELATION_HIST`. A call on an fd without its slot (opened before pgio
 //! attached, or a slot another open took) counts as `(other)`.
+use core::ffi::c_void;
+
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::BPF_F_MMAPABLE,
     helpers::{bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{map, tracepoint},
@@ -28,7 +31,6 @@ use crate::{
     atomic::atomic_add,
     drops, hist,
     sys_record::{ARG0, ARG1, RET, field},
-    thread,
     tracked::{self, generation},
 };
 
@@ -70,10 +72,18 @@ const FILENAME: usize = ARG1;
 /// A tracked process opens a file: what its path names waits for the call's fd.
 #[tracepoint]
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = thread::current();
-    if !tracked::series_of(tgid).is_some_and(tracked::names_files) {
-        return 0;
+    match tracked::caller() {
+        Some(c) if tracked::names_files(c.series) => {
+            sys_enter_openat_tracked(ctx.as_ptr(), c.pid_tgid)
+        }
+        _ => 0,
     }
+}
+
+/// A tracked process' program's work, in a function of its own (`tracked::caller`).
+#[inline(never)]
+fn sys_enter_openat_tracked(ctx: *mut c_void, pid_tgid: u64) -> u32 {
+    let (ctx, tid) = (TracePointContext::new(ctx), pid_tgid as u32);
     let Some(scratch) = RELATION_PATH.get_ptr_mut(0) else {
         return 0;
     };
@@ -102,12 +112,21 @@ pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
 /// a reused fd never keeps an earlier file's name).
 #[tracepoint]
 pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
-    let (tid, tgid) = thread::current();
     // Nearly every `openat` on a node is an untracked process': an array lookup spares it the
     // hash's. One untracked mid-call leaves its entry to the LRU.
-    if tracked::series_of(tgid).is_none() {
-        return 0;
+    match tracked::caller() {
+        Some(c) => sys_exit_openat_tracked(ctx.as_ptr(), c.pid_tgid),
+        None => 0,
     }
+}
+
+#[inline(never)]
+fn sys_exit_openat_tracked(ctx: *mut c_void, pid_tgid: u64) -> u32 {
+    let (ctx, tid, tgid) = (
+        TracePointContext::new(ctx),
+        pid_tgid as u32,
+        (pid_tgid >> 32) as u32,
+    );
     // SAFETY: a copy of this thread's entry.
     let Some(file) = (unsafe { RELATION_OPEN.get(&tid) }).copied() else {
         return 0;
@@ -249,10 +268,17 @@ fn slot_of(tgid: u32, fd: u16) -> Option<*mut FdSlot> {
 /// and a process opening files by the thousand pushed out others' idle but open ones.
 #[tracepoint]
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
-    let (_, tgid) = thread::current();
-    if !tracked::series_of(tgid).is_some_and(tracked::names_files) {
-        return 0;
+    match tracked::caller() {
+        Some(c) if tracked::names_files(c.series) => {
+            sys_enter_close_tracked(ctx.as_ptr(), c.tgid())
+        }
+        _ => 0,
     }
+}
+
+#[inline(never)]
+fn sys_enter_close_tracked(ctx: *mut c_void, tgid: u32) -> u32 {
+    let ctx = TracePointContext::new(ctx);
     let fd = field(&ctx, ARG0);
     if fd >= FD_UNKNOWN as u64 {
         return 0;

@@ -6,6 +6,7 @@
 //! thread id, where the exit looks on any CPU. The IO syscalls' exit programs are in the hook
 //! table (`hooks`): other families ride on them.
 use aya_ebpf::{
+    EbpfContext as _,
     helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray},
@@ -52,16 +53,32 @@ static SYSCALL_ROWS_MAP: PerCpuArray<SyscallRow> = PerCpuArray::with_max_entries
 #[unsafe(no_mangle)]
 static SYSCALL_ROWS_N: u32 = SYSCALL_ROWS;
 
-/// `timed = false`: a futex call that does not wait; it only opens the slot, so that its
-/// exit knows there is nothing to look up.
-/// `fd`: the call's file descriptor, asked only of a tracked process' call.
+/// A call's start, for a tracked process only (`tracked::caller`: the rest of the node's
+/// processes pay one helper and one array read). `with_fd`: the call's first argument is a
+/// file descriptor (the relation family's).
 #[inline(always)]
-fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
-    // Untracked (most processes of a node): one helper and one array read, not the slot.
-    let Some(mut series) = tracked::series_of(thread::current().1) else {
-        return 0;
-    };
-    let Some(c) = thread::slot() else {
+fn enter(ctx: &TracePointContext, sc: Syscall, with_fd: bool) -> u32 {
+    match tracked::caller() {
+        Some(c) => enter_tracked(ctx.as_ptr(), c.pid_tgid, c.series.0, sc, with_fd),
+        None => 0,
+    }
+}
+
+/// A tracked call's start in this CPU's slot. A futex call that does not wait is not timed:
+/// it only opens the slot, so that its exit knows there is nothing to look up.
+#[inline(never)]
+fn enter_tracked(
+    ctx: *mut core::ffi::c_void,
+    pid_tgid: u64,
+    series: u32,
+    sc: Syscall,
+    with_fd: bool,
+) -> u32 {
+    let ctx = TracePointContext::new(ctx);
+    let mut series = SeriesId(series);
+    // `futex(uaddr, op, ...)`: `op` is the second argument.
+    let timed = sc != Syscall::Futex || futex_op_waits(field(&ctx, ARG1) as u32);
+    let Some(c) = thread::slot_of(pid_tgid) else {
         return 0;
     };
     // SAFETY: this CPU's slot (see `thread::slot`). Anything pending in it is this thread's own call
@@ -78,7 +95,7 @@ fn enter(sc: Syscall, timed: bool, fd: impl FnOnce() -> u16) -> u32 {
             series,
             syscall: sc as u8,
             block_io: 0,
-            fd: fd(),
+            fd: if with_fd { fd_arg(&ctx) } else { FD_UNKNOWN },
         };
     }
     0
@@ -127,13 +144,13 @@ impl IoExit {
     }
 }
 
-/// Books the call's latency; `Some` for an IO call, whose exit other families ride on.
+/// Books the latency of a tracked thread's call (`pid_tgid`, from `tracked::caller`: an
+/// untracked one started nothing, so there is no slot to look at; a process untracked
+/// mid-call leaves its start in the slot: the next enter overwrites it, the next switch drops
+/// it); `Some` for an IO call, whose exit other families ride on.
 #[inline(always)]
-pub fn exit(sc: Syscall) -> Option<IoExit> {
-    // Untracked: nothing was started, so no slot to look at. (A process untracked mid-call
-    // leaves its start in the slot: the next enter overwrites it, the next switch drops it.)
-    tracked::series_of(thread::current().1)?;
-    let c = thread::slot()?;
+pub fn exit(pid_tgid: u64, sc: Syscall) -> Option<IoExit> {
+    let c = thread::slot_of(pid_tgid)?;
     let s = take_start(c)?;
     if s.syscall != sc as u8 {
         return None; // enter of another syscall whose exit we missed (attached mid-call)
@@ -226,54 +243,54 @@ fn add_to_row(key: &SyscallKey, d: u64) -> bool {
 }
 
 macro_rules! syscall_enters {
-    ($($sc:expr, $fd:ident => $enter:ident;)*) => {$(
+    ($($sc:expr, $with_fd:expr => $enter:ident;)*) => {$(
         #[tracepoint]
         pub fn $enter(ctx: TracePointContext) -> u32 {
-            enter($sc, true, || $fd(&ctx))
+            enter(&ctx, $sc, $with_fd)
         }
     )*};
 }
 
-/// For the calls whose first argument is no file of the relation family's.
-#[inline(always)]
-fn no_fd(_ctx: &TracePointContext) -> u16 {
-    FD_UNKNOWN
-}
-
-// Their exits: `hooks::io_syscall_exits`.
+// Their exits: `hooks::io_syscall_exits`. futex: only the waiting operations are timed; a
+// wake of a tracked process costs what an untracked call does, plus marking the slot so
+// that its exit looks nothing up.
 syscall_enters! {
-    Syscall::Pread64, fd_arg => sys_enter_pread64;
-    Syscall::Preadv, fd_arg => sys_enter_preadv;
-    Syscall::Preadv2, fd_arg => sys_enter_preadv2;
-    Syscall::Pwrite64, fd_arg => sys_enter_pwrite64;
-    Syscall::Pwritev, fd_arg => sys_enter_pwritev;
-    Syscall::Pwritev2, fd_arg => sys_enter_pwritev2;
-    Syscall::Fsync, fd_arg => sys_enter_fsync;
-    Syscall::Fdatasync, fd_arg => sys_enter_fdatasync;
-    Syscall::IoUringEnter, no_fd => sys_enter_io_uring_enter;
-    Syscall::FutexWaitv, no_fd => sys_enter_futex_waitv;
+    Syscall::Pread64, true => sys_enter_pread64;
+    Syscall::Preadv, true => sys_enter_preadv;
+    Syscall::Preadv2, true => sys_enter_preadv2;
+    Syscall::Pwrite64, true => sys_enter_pwrite64;
+    Syscall::Pwritev, true => sys_enter_pwritev;
+    Syscall::Pwritev2, true => sys_enter_pwritev2;
+    Syscall::Fsync, true => sys_enter_fsync;
+    Syscall::Fdatasync, true => sys_enter_fdatasync;
+    Syscall::IoUringEnter, false => sys_enter_io_uring_enter;
+    Syscall::FutexWaitv, false => sys_enter_futex_waitv;
+    Syscall::Futex, false => sys_enter_futex;
 }
 
-/// A wait: nobody rides on its exit.
-#[tracepoint]
-pub fn sys_exit_futex_waitv(_ctx: TracePointContext) -> u32 {
-    let _ = exit(Syscall::FutexWaitv);
+/// A wait's exit: nobody rides on it.
+#[inline(always)]
+fn wait_exit(sc: Syscall) -> u32 {
+    if let Some(c) = tracked::caller() {
+        wait_exit_tracked(c.pid_tgid, sc);
+    }
     0
 }
 
-/// futex: only the waiting operations are timed; a wake of a tracked process costs what an
-/// untracked call does, plus marking the slot so that its exit looks nothing up.
+#[inline(never)]
+fn wait_exit_tracked(pid_tgid: u64, sc: Syscall) -> u32 {
+    let _ = exit(pid_tgid, sc);
+    0
+}
+
 #[tracepoint]
-pub fn sys_enter_futex(ctx: TracePointContext) -> u32 {
-    // `futex(uaddr, op, ...)`: `op` is the second argument.
-    let op = field(&ctx, ARG1) as u32;
-    enter(Syscall::Futex, futex_op_waits(op), || FD_UNKNOWN)
+pub fn sys_exit_futex_waitv(_ctx: TracePointContext) -> u32 {
+    wait_exit(Syscall::FutexWaitv)
 }
 
 #[tracepoint]
 pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
-    let _ = exit(Syscall::Futex);
-    0
+    wait_exit(Syscall::Futex)
 }
 
 /// Called by `sched_switch` in the context of the thread being switched out (`current` is

@@ -17,12 +17,33 @@ pub fn slot() -> Option<*mut CpuSyscall> {
     // SAFETY: this CPU's slot; syscall and scheduler programs on one CPU do not nest.
     unsafe {
         if (*c).tid == 0 {
-            let pid_tgid = bpf_get_current_pid_tgid();
-            (*c).tid = pid_tgid as u32;
-            (*c).tgid = (pid_tgid >> 32) as u32;
+            fill(c, bpf_get_current_pid_tgid());
         }
     }
     Some(c)
+}
+
+/// `slot`, for a program that has asked the kernel for the ids already (`tracked::caller`).
+#[inline(always)]
+pub fn slot_of(pid_tgid: u64) -> Option<*mut CpuSyscall> {
+    let c = SYSCALL_CPU.get_ptr_mut(0)?;
+    // SAFETY: as in `slot`.
+    unsafe {
+        if (*c).tid == 0 {
+            fill(c, pid_tgid);
+        }
+    }
+    Some(c)
+}
+
+/// SAFETY: `c` is this CPU's slot.
+#[inline(always)]
+unsafe fn fill(c: *mut CpuSyscall, pid_tgid: u64) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        (*c).tid = pid_tgid as u32;
+        (*c).tgid = (pid_tgid >> 32) as u32;
+    }
 }
 
 /// This CPU's slot as it is, ids not asked for (`sched_switch`: the thread leaving).

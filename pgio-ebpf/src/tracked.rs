@@ -58,6 +58,34 @@ pub fn child_series_of(series: SeriesId, child_tgid: u32) -> SeriesId {
     }
 }
 
+/// The running thread of a tracked process: its ids (`bpf_get_current_pid_tgid`'s value) and
+/// its process' series.
+#[derive(Clone, Copy)]
+pub struct Caller {
+    pub pid_tgid: u64,
+    pub series: SeriesId,
+}
+
+impl Caller {
+    #[inline(always)]
+    pub fn tgid(self) -> u32 {
+        (self.pid_tgid >> 32) as u32
+    }
+}
+
+/// The running thread, if its process is tracked: all that the syscall programs cost the
+/// node's other processes, one helper and one array read. A program does no more than this
+/// before it calls an `#[inline(never)]` function with a tracked call's work, so that its own
+/// stack frame stays under 64 bytes: from 64 bytes on, the kernel (6.13 on) runs a program on
+/// a private per-CPU stack, which every run pays, an untracked process' too (BENCHMARKS.md,
+/// the pieces: `part_tracked_big_frame`).
+#[inline(always)]
+pub fn caller() -> Option<Caller> {
+    let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    let series = series_of((pid_tgid >> 32) as u32)?;
+    Some(Caller { pid_tgid, series })
+}
+
 #[inline(always)]
 pub fn series_of(tgid: u32) -> Option<SeriesId> {
     // SAFETY: a map value's u16; userspace writes it with single 2-byte stores.

@@ -24,6 +24,7 @@ use crate::util::{fmt_duration, run, step, target_dir, which};
 
 mod big_node;
 mod block;
+mod section;
 mod switched;
 
 pub struct BenchOptions {
@@ -1155,7 +1156,7 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         println!("{}\n{r}", cpu_description());
         if !o.quick {
             let file = root.join("BENCHMARKS.md");
-            block::rewrite_section(&file, &r)?;
+            section::rewrite(&file, block::SECTION, "--block-only", &r)?;
             step(format!("rewrote its section of {}", file.display()));
         }
         return Ok(());
@@ -1165,6 +1166,11 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         let mut r = String::new();
         programs_report(&mut r, o, &programs);
         println!("{}\n{r}", cpu_description());
+        if !o.quick {
+            let file = root.join("BENCHMARKS.md");
+            section::rewrite(&file, PROGRAMS_SECTION, "--programs-only", &r)?;
+            step(format!("rewrote its section of {}", file.display()));
+        }
         return Ok(());
     }
     let per_call = per_call(&bins, o)?;
@@ -1423,10 +1429,13 @@ fn per_call_report(r: &mut String, o: &BenchOptions, pc: &PerCall) {
     );
 }
 
+/// `programs_report`'s heading in BENCHMARKS.md (`section::rewrite`).
+const PROGRAMS_SECTION: &str = "### In-kernel run time of the programs (kernel.bpf_stats_enabled)";
+
 fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
     let _ = writeln!(
         r,
-        "\n### In-kernel run time of the programs (kernel.bpf_stats_enabled)\n\n\
+        "\n{PROGRAMS_SECTION}\n\n\
          ns per program run, median of {} rounds of {} calls. This leaves out the cost of \
          reaching a program (the same for all three), so it shows what pgio's own code adds \
          over an empty program, without the CPU-time noise above.\n",
@@ -1508,6 +1517,9 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
         let what = match name.as_str() {
             "part_pid_tgid" => "`bpf_get_current_pid_tgid`",
             "part_tracked" => "`bpf_get_current_pid_tgid` + `TRACKED` lookup (the untracked path)",
+            "part_tracked_big_frame" => {
+                "the same in a program with a stack frame of 64 bytes or more (a private stack)"
+            }
             "part_ktime" => "`bpf_ktime_get_ns` (twice per timed syscall)",
             "part_tid_hash" => {
                 "a per-thread value in a preallocated hash by tid (`QUERY`, `SYSCALL_SPILLED`)"

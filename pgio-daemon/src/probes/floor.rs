@@ -44,9 +44,10 @@ pub const FLOOR_PROGRAMS: &[&str] = &[
     "floor_sched_switch",
 ];
 
-pub const FLOOR_PARTS: [&str; 8] = [
+pub const FLOOR_PARTS: [&str; 9] = [
     "part_pid_tgid",
     "part_tracked",
+    "part_tracked_big_frame",
     "part_tid_array",
     "part_ktime",
     "part_tid_hash",
