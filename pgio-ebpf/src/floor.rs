@@ -116,6 +116,39 @@ pub fn part_tracked_big_frame(_ctx: TracePointContext) -> u32 {
     unsafe { core::ptr::read_volatile(&frame[(s.0 & 15) as usize]) as u32 }
 }
 
+/// A read of 8 bytes of the caller's memory (the pread64 buffer): what `query` pays per
+/// reply for ReadyForQuery, and again for the query id.
+#[tracepoint]
+pub fn part_read_user(ctx: TracePointContext) -> u32 {
+    let buf = crate::sys_record::field(&ctx, crate::sys_record::ARG1);
+    // SAFETY: a read of user memory, which may fail.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(buf as *const u64) }.map_or(0, |v| v as u32)
+}
+
+/// The caller's saved registers (`bpf_task_pt_regs`), as `query` reads a socket call's
+/// arguments at its exit.
+#[cfg(bpf_target_arch = "x86_64")]
+#[tracepoint]
+pub fn part_pt_regs(_ctx: TracePointContext) -> u32 {
+    use aya_ebpf::{bindings::pt_regs, helpers::generated};
+    // SAFETY: the current task and its saved registers (a BTF pointer the verifier checks).
+    unsafe {
+        let regs =
+            generated::bpf_task_pt_regs(generated::bpf_get_current_task_btf()) as *const pt_regs;
+        if regs.is_null() {
+            return 0;
+        }
+        ((*regs).rdi ^ (*regs).rsi ^ (*regs).rdx) as u32
+    }
+}
+
+/// Elsewhere `query` takes the arguments at the entry: nothing to measure.
+#[cfg(not(bpf_target_arch = "x86_64"))]
+#[tracepoint]
+pub fn part_pt_regs(_ctx: TracePointContext) -> u32 {
+    0
+}
+
 #[tracepoint]
 pub fn part_ktime(_ctx: TracePointContext) -> u32 {
     // SAFETY: no arguments.

@@ -1520,6 +1520,12 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
             "part_tracked_big_frame" => {
                 "the same in a program with a stack frame of 64 bytes or more (a private stack)"
             }
+            "part_read_user" => {
+                "`bpf_probe_read_user` of 8 bytes (`query`: ReadyForQuery, the query id)"
+            }
+            "part_pt_regs" => {
+                "`bpf_task_pt_regs` + 3 registers (`query`: a socket call's arguments)"
+            }
             "part_ktime" => "`bpf_ktime_get_ns` (twice per timed syscall)",
             "part_tid_hash" => {
                 "a per-thread value in a preallocated hash by tid (`QUERY`, `SYSCALL_SPILLED`)"

@@ -44,10 +44,12 @@ pub const FLOOR_PROGRAMS: &[&str] = &[
     "floor_sched_switch",
 ];
 
-pub const FLOOR_PARTS: [&str; 9] = [
+pub const FLOOR_PARTS: [&str; 11] = [
     "part_pid_tgid",
     "part_tracked",
     "part_tracked_big_frame",
+    "part_read_user",
+    "part_pt_regs",
     "part_tid_array",
     "part_ktime",
     "part_tid_hash",
