@@ -159,17 +159,30 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     };
     let next_pid = pid(next);
     let prev_pid = pid(prev).unwrap_or(0);
-    query_wait::switched(preempt as u8 != 0, prev, prev_pid, next_pid.unwrap_or(0));
-    role_wait::switched(
-        query_wait::on(),
-        preempt as u8 != 0,
-        prev,
-        prev_pid,
-        next_pid.unwrap_or(0),
-        query_id::wait_event_at,
-    );
+    // Both wait families follow PostgreSQL's threads only (tid = tgid, tracked): the node's
+    // other switches pay two `TRACKED` reads, and their work is a function of its own, which
+    // keeps this program's frame small (`tracked::caller`).
+    let tracked = |tid: u32| tid != 0 && tracked::series_of(tid).is_some();
+    if tracked(prev_pid) || tracked(next_pid.unwrap_or(0)) {
+        waits_switched(preempt as u8 != 0, prev, prev_pid, next_pid.unwrap_or(0));
+    }
     query::switched(next_pid == Some(0));
     syscall::switched_out();
+    0
+}
+
+/// A tracked thread left or got a CPU: its blocked intervals open and close.
+#[inline(never)]
+fn waits_switched(preempt: bool, prev: u64, prev_pid: u32, next_pid: u32) -> i32 {
+    query_wait::switched(preempt, prev, prev_pid, next_pid);
+    role_wait::switched(
+        query_wait::on(),
+        preempt,
+        prev,
+        prev_pid,
+        next_pid,
+        query_id::wait_event_at,
+    );
     0
 }
 
