@@ -53,20 +53,12 @@ static SYSCALL_ROWS_MAP: PerCpuArray<SyscallRow> = PerCpuArray::with_max_entries
 #[unsafe(no_mangle)]
 static SYSCALL_ROWS_N: u32 = SYSCALL_ROWS;
 
-/// A call's start, for a tracked process only (`tracked::caller`: the rest of the node's
-/// processes pay one helper and one array read). `with_fd`: the call's first argument is a
-/// file descriptor (the relation family's).
+/// A tracked call's start in this CPU's slot (`tracked::caller`: the rest of the node's
+/// processes pay one helper and one array read). A futex call that does not wait is not
+/// timed: it only opens the slot, so that its exit knows there is nothing to look up.
+/// `with_fd`: the call's first argument is a file descriptor (the relation family's). Inlined
+/// into a function of each program's own: `sc` and `with_fd` are constants there.
 #[inline(always)]
-fn enter(ctx: &TracePointContext, sc: Syscall, with_fd: bool) -> u32 {
-    match tracked::caller() {
-        Some(c) => enter_tracked(ctx.as_ptr(), c.pid_tgid, c.series.0, sc, with_fd),
-        None => 0,
-    }
-}
-
-/// A tracked call's start in this CPU's slot. A futex call that does not wait is not timed:
-/// it only opens the slot, so that its exit knows there is nothing to look up.
-#[inline(never)]
 fn enter_tracked(
     ctx: *mut core::ffi::c_void,
     pid_tgid: u64,
@@ -246,7 +238,14 @@ macro_rules! syscall_enters {
     ($($sc:expr, $with_fd:expr => $enter:ident;)*) => {$(
         #[tracepoint]
         pub fn $enter(ctx: TracePointContext) -> u32 {
-            enter(&ctx, $sc, $with_fd)
+            #[inline(never)]
+            fn tracked_enter(ctx: *mut core::ffi::c_void, pid_tgid: u64, series: u32) -> u32 {
+                enter_tracked(ctx, pid_tgid, series, $sc, $with_fd)
+            }
+            match tracked::caller() {
+                Some(c) => tracked_enter(ctx.as_ptr(), c.pid_tgid, c.series.0),
+                None => 0,
+            }
         }
     )*};
 }
@@ -269,28 +268,24 @@ syscall_enters! {
 }
 
 /// A wait's exit: nobody rides on it.
-#[inline(always)]
-fn wait_exit(sc: Syscall) -> u32 {
-    if let Some(c) = tracked::caller() {
-        wait_exit_tracked(c.pid_tgid, sc);
-    }
-    0
-}
-
-#[inline(never)]
-fn wait_exit_tracked(pid_tgid: u64, sc: Syscall) -> u32 {
-    let _ = exit(pid_tgid, sc);
-    0
-}
-
 #[tracepoint]
 pub fn sys_exit_futex_waitv(_ctx: TracePointContext) -> u32 {
-    wait_exit(Syscall::FutexWaitv)
+    #[inline(never)]
+    fn tracked_exit(pid_tgid: u64) -> u32 {
+        let _ = exit(pid_tgid, Syscall::FutexWaitv);
+        0
+    }
+    tracked::caller().map_or(0, |c| tracked_exit(c.pid_tgid))
 }
 
 #[tracepoint]
 pub fn sys_exit_futex(_ctx: TracePointContext) -> u32 {
-    wait_exit(Syscall::Futex)
+    #[inline(never)]
+    fn tracked_exit(pid_tgid: u64) -> u32 {
+        let _ = exit(pid_tgid, Syscall::Futex);
+        0
+    }
+    tracked::caller().map_or(0, |c| tracked_exit(c.pid_tgid))
 }
 
 /// Called by `sched_switch` in the context of the thread being switched out (`current` is
