@@ -22,10 +22,12 @@ const GRACE_MAX: Duration = Duration::from_secs(30);
 
 /// How long a closed entry is kept, for a block family that counts a request in flight longer
 /// than `inflight_timeout` as lost and forgets it within `sweep_every` after that: its late
-/// completion is `unmatched` then, under no series, so nothing can recreate a provisional
-/// key. Capped at `GRACE_MAX` (the default timeout, 180 s, would hold every `pgbench -C`
-/// connection's entry 6× longer); a request that completes after that leaves its key
-/// pending until the key quota evicts it.
+/// completion is `unmatched` then, under no series. The timeout counts from the request's
+/// issue, so one that waited in the queue for longer than the grace can still complete under
+/// its provisional key after it (seconds in a scheduler's queue: rare). Capped at `GRACE_MAX`
+/// (the default timeout, 180 s, would hold every `pgbench -C` connection's entry 6× longer).
+/// A request that completes after the grace leaves its key pending until the key quota
+/// evicts it.
 pub fn grace(inflight_timeout: Duration, sweep_every: Duration) -> Duration {
     (inflight_timeout + sweep_every).min(GRACE_MAX)
 }
