@@ -511,7 +511,8 @@ fn pg15_client_backends_waits_are_blamed_on_the_vacuum_freeze() {
         std::thread::sleep(Duration::from_millis(500));
         // One run (new backends are provisional, `(rest)` as culprits, until classified),
         // read before the freeze ends: what the backends waited for while it ran.
-        pg.pgbench_ok(&["-S", "-c", "1", "-T", "4", "shop"])
+        // 2 s: the freeze took 4.6 to 5.8 s on 2 vCPUs (a 4 s run once outlasted it).
+        pg.pgbench_ok(&["-S", "-c", "1", "-T", "2", "shop"])
             .expect("pgbench -S");
         let m = daemon.scrape();
         let overlapped = !done.load(std::sync::atomic::Ordering::SeqCst);
@@ -555,7 +556,7 @@ fn pg15_client_backends_waits_are_blamed_on_the_vacuum_freeze() {
     lo.detach().expect("detach");
     assert!(
         overlapped,
-        "the freeze took {took:?}, less than pgbench's 4 s"
+        "the freeze took {took:?}: it ended before pgbench's 2 s run"
     );
     assert!(sums_to(&qby, queue, qlost), "{qby:?} vs {queue} ns");
     assert!(sums_to(&by, device, lost), "{by:?} vs {device} ns");
