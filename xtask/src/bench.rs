@@ -24,6 +24,7 @@ use crate::util::{fmt_duration, run, step, target_dir, which};
 
 mod big_node;
 mod block;
+mod profile;
 mod section;
 mod switched;
 
@@ -50,6 +51,10 @@ pub struct BenchOptions {
     pub block_secs: u64,
     /// Only section 2's table (pgbench -S), printed; BENCHMARKS.md untouched.
     pub pgbench_only: bool,
+    /// Only section 2's profile (`profile`), rewritten in place in BENCHMARKS.md.
+    pub profile_only: bool,
+    /// Rounds of the profile's runs.
+    pub profile_rounds: usize,
     /// Seconds of the switched pgbench run (`switched`).
     pub switched_secs: u32,
     /// Its slices.
@@ -70,6 +75,8 @@ impl BenchOptions {
             block_only: false,
             block_secs: 2,
             pgbench_only: false,
+            profile_only: false,
+            profile_rounds: 1,
             switched_secs: 4,
             slice: Duration::from_millis(100),
         }
@@ -93,6 +100,8 @@ impl BenchOptions {
             block_only,
             block_secs: 15,
             pgbench_only,
+            profile_only: false,
+            profile_rounds: 3,
             switched_secs: 600,
             slice: Duration::from_millis(100),
         }
@@ -844,6 +853,8 @@ struct Tps {
     floor_transactions: f64,
     /// The configurations alternated every 100 ms in one pgbench run.
     switched: Option<switched::Switched>,
+    /// Where the CPU goes, by perf (or why not measured).
+    profile: Option<std::result::Result<profile::Profile, String>>,
 }
 
 fn pgbench_tps(pg: &PgCluster, secs: u32, clients: u32) -> Result<f64> {
@@ -947,18 +958,50 @@ impl Beside {
     }
 }
 
+/// Section 2's PostgreSQL: scale 10 on ext4 on a direct-IO loop device, its cache warm, all
+/// in the bench's cgroup. Dropped in field order: the server stops before its disk goes.
+struct BenchCluster {
+    pg: PgCluster,
+    _fs: Ext4Mount,
+    _lo: LoopDevice,
+    _dir: pgio_testkit::TempDir,
+    cgroup: BenchCgroup,
+}
+
+impl BenchCluster {
+    fn start(clients: u32) -> Result<BenchCluster> {
+        // Before PostgreSQL starts, so that its processes are in it too.
+        let cgroup = BenchCgroup::enter()?;
+        let dir = temp_dir()?;
+        let lo = LoopDevice::create(dir.path(), 1 << 30, true)?;
+        let fs = Ext4Mount::new(&lo, &dir.path().join("mnt"))?;
+        let opts = PgOptions::new(PG15_BIN_DIR, fs.path().join("pgdata"), 55_433)
+            .setting("autovacuum", "off");
+        let mut pg = PgCluster::init_with(opts)?;
+        pg.start()?;
+        pg.pgbench_ok(&["-i", "-q", "-s", "10"])?;
+        pgbench_tps(&pg, 3, clients)?; // warm the cache: the data set fits in shared_buffers + page cache
+        Ok(BenchCluster {
+            pg,
+            _fs: fs,
+            _lo: lo,
+            _dir: dir,
+            cgroup,
+        })
+    }
+}
+
+/// Section 2's profile alone (`--profile-only`).
+fn profile_only(bins: &Bins, o: &BenchOptions) -> Result<profile::Profile> {
+    let mut c = BenchCluster::start(o.clients)?;
+    let p = profile::run(bins, &c.pg, o.pgbench_secs, o.clients, o.profile_rounds)?;
+    c.pg.stop()?;
+    Ok(p)
+}
+
 fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
-    // Before PostgreSQL starts, so that its processes are in it too.
-    let cgroup = BenchCgroup::enter()?;
-    let dir = temp_dir()?;
-    let lo = LoopDevice::create(dir.path(), 1 << 30, true)?;
-    let fs = Ext4Mount::new(&lo, &dir.path().join("mnt"))?;
-    let opts =
-        PgOptions::new(PG15_BIN_DIR, fs.path().join("pgdata"), 55_433).setting("autovacuum", "off");
-    let mut pg = PgCluster::init_with(opts)?;
-    pg.start()?;
-    pg.pgbench_ok(&["-i", "-q", "-s", "10"])?;
-    pgbench_tps(&pg, 3, o.clients)?; // warm the cache: the data set fits in shared_buffers + page cache
+    let mut c = BenchCluster::start(o.clients)?;
+    let (pg, cgroup) = (&mut c.pg, &c.cgroup);
     let mut tps = Tps {
         runs: BTreeMap::new(),
         cpu_us: BTreeMap::new(),
@@ -969,6 +1012,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
         floor_programs: (0.0, 0.0),
         floor_transactions: 0.0,
         switched: None,
+        profile: None,
     };
     let n = PgbenchRun::ALL.len();
     for round in 0..o.pairs {
@@ -976,7 +1020,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
             let run = PgbenchRun::ALL[(round + k) % n];
             let beside = Beside::start(bins, run)?;
             let cpu0 = cgroup.usage_us()?;
-            let (t, transactions) = pgbench_run(&pg, o.pgbench_secs, o.clients)?;
+            let (t, transactions) = pgbench_run(pg, o.pgbench_secs, o.clients)?;
             let cpu = (cgroup.usage_us()? - cpu0) / transactions.max(1.0);
             beside.stop()?;
             step(format!(
@@ -991,11 +1035,15 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     }
     tps.switched = Some(switched::run(
         bins,
-        &pg,
+        pg,
         o.switched_secs,
         o.slice,
         o.clients,
     )?);
+    tps.profile = Some(
+        profile::run(bins, pg, o.pgbench_secs, o.clients, o.profile_rounds)
+            .map_err(|e| format!("{e:#}")),
+    );
     // Apart from the rounds: bpf_stats costs two clock reads per program run.
     let stats = BpfStats::enable()?;
     let d = Daemon::start(&bins.daemon, "")?;
@@ -1003,7 +1051,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let before = d.scrape()?;
     let (cpu0, _) = cpu_and_rss(d.pid())?;
     let started = Instant::now();
-    tps.with_transactions = pgbench_run(&pg, o.pgbench_secs, o.clients)?.1;
+    tps.with_transactions = pgbench_run(pg, o.pgbench_secs, o.clients)?.1;
     tps.with_secs = started.elapsed().as_secs_f64();
     tps.with_daemon_cpu_s = cpu_and_rss(d.pid())?.0 - cpu0;
     let after = d.scrape()?;
@@ -1013,7 +1061,7 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
     let mut c = Command::new(&bins.daemon);
     c.args(["floor", "--hooks", "pgio"]);
     let mut floor = spawn_until(c, "ready")?;
-    tps.floor_transactions = pgbench_run(&pg, o.pgbench_secs, o.clients)?.1;
+    tps.floor_transactions = pgbench_run(pg, o.pgbench_secs, o.clients)?.1;
     for l in floor.stop() {
         let mut f = l.split(' ');
         if f.next() != Some("stats") || f.next().is_none() {
@@ -1040,7 +1088,6 @@ fn pgbench_pairs(bins: &Bins, o: &BenchOptions) -> Result<Tps> {
         tps.with_programs.insert(p.clone(), (secs, runs));
     }
     pg.stop()?;
-    drop(cgroup);
     Ok(tps)
 }
 
@@ -1148,6 +1195,17 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
             pc.added(Tracer::Floor).map(|ns| ns / 2.0),
         );
         println!("{}\n{r}", cpu_description());
+        return Ok(());
+    }
+    if o.profile_only {
+        let mut r = String::new();
+        profile::report_section(&mut r, &profile_only(&bins, o)?);
+        println!("{}\n{r}", cpu_description());
+        if !o.quick {
+            let file = root.join("BENCHMARKS.md");
+            section::rewrite(&file, profile::SECTION, "--profile-only", &r)?;
+            step(format!("rewrote its section of {}", file.display()));
+        }
         return Ok(());
     }
     if o.block_only {
@@ -1334,6 +1392,13 @@ fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps, dispatch_ns: Opti
         total / secs * 100.0
     );
     accounted_report(r, tps, &cpu_without, dispatch_ns);
+    match &tps.profile {
+        Some(Ok(p)) => profile::report_section(r, p),
+        Some(Err(e)) => {
+            let _ = writeln!(r, "\n{}\n\nNot measured: {e}", profile::SECTION);
+        }
+        None => {}
+    }
 }
 
 /// pgio's cost per transaction from what the kernel and /proc account, against the CPU time

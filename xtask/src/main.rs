@@ -88,6 +88,13 @@ enum Cmd {
         /// with bootstrap intervals); BENCHMARKS.md untouched.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only"])]
         pgbench_only: bool,
+        /// Only section 2's profile (perf, cpu-clock: where a transaction's CPU goes without
+        /// pgio, with the floor, with pgio); its section of BENCHMARKS.md rewritten.
+        #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only", "pgbench_only"])]
+        profile_only: bool,
+        /// Rounds of each configuration in the profile.
+        #[arg(long, default_value_t = 3)]
+        profile_rounds: usize,
         /// Interleaved rounds of the pgbench runs of seconds (0: only the switched run).
         #[arg(long, default_value_t = 8)]
         pgbench_rounds: usize,
@@ -277,6 +284,8 @@ fn real_main() -> Result<()> {
             programs_only,
             block_only,
             pgbench_only,
+            profile_only,
+            profile_rounds,
             pgbench_rounds,
             switched_secs,
             clients,
@@ -288,14 +297,24 @@ fn real_main() -> Result<()> {
                         "bpftrace unavailable ({e:#}): its column is left out"
                     ));
                 }
+                if let Err(e) = apt::ensure(&["linux-perf"]) {
+                    util::step(format!(
+                        "perf unavailable ({e:#}): section 2's profile is left out"
+                    ));
+                }
             }
             let o = if quick {
-                bench::BenchOptions::quick()
+                bench::BenchOptions {
+                    profile_only,
+                    ..bench::BenchOptions::quick()
+                }
             } else {
                 bench::BenchOptions {
                     pairs: pgbench_rounds,
                     switched_secs,
                     clients,
+                    profile_only,
+                    profile_rounds: profile_rounds.max(1),
                     ..bench::BenchOptions::full(
                         per_call_only,
                         programs_only,
