@@ -1195,6 +1195,12 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
             pc.added(Tracer::Floor).map(|ns| ns / 2.0),
         );
         println!("{}\n{r}", cpu_description());
+        // Another node's clients are another table: only this node's default is written.
+        if !o.quick && o.clients == 2 {
+            let file = root.join("BENCHMARKS.md");
+            section::rewrite(&file, PGBENCH_SECTION, "--pgbench-only", &r)?;
+            step(format!("rewrote its section of {}", file.display()));
+        }
         return Ok(());
     }
     if o.profile_only {
@@ -1268,11 +1274,14 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
+/// Section 2's heading in BENCHMARKS.md (`section::rewrite`).
+const PGBENCH_SECTION: &str = "## 2. Database impact: pgbench -S";
+
 /// Section 2's table: each configuration's tps and its per-round ratio to without pgio; then
 /// pgio's cost per transaction as the kernel and /proc account it. `dispatch_ns`: what a hook
 /// hit costs before its program runs (section 1's floor, per tracepoint hit).
 fn pgbench_report(r: &mut String, o: &BenchOptions, tps: &Tps, dispatch_ns: Option<f64>) {
-    let _ = writeln!(r, "\n## 2. Database impact: pgbench -S\n");
+    let _ = writeln!(r, "\n{PGBENCH_SECTION}\n");
     let _ = writeln!(
         r,
         "PostgreSQL 15, scale 10 on ext4 on a direct-IO loop device, warm cache (the worst case \

@@ -84,8 +84,9 @@ enum Cmd {
         /// bpf_stats); its section of BENCHMARKS.md rewritten, the rest untouched.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only"])]
         block_only: bool,
-        /// Only section 2's table (pgbench -S under each configuration, per-round ratios
-        /// with bootstrap intervals); BENCHMARKS.md untouched.
+        /// Only section 2 (pgbench -S under each configuration, per-round ratios with
+        /// bootstrap intervals, the pairs, the profile); with the default 2 clients its section
+        /// of BENCHMARKS.md is rewritten, with others only printed.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only"])]
         pgbench_only: bool,
         /// Only section 2's profile (perf, cpu-clock: where a transaction's CPU goes without

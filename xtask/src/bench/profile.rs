@@ -60,7 +60,9 @@ impl Part {
     fn name(self) -> &'static str {
         match self {
             Part::Programs => "the programs (JIT'd, `bpf_prog_*`)",
-            Part::BpfKernel => "running them: `trace_call_bpf`, helpers, maps",
+            Part::BpfKernel => {
+                "running them: `trace_call_bpf`, helpers (user reads, the clock), maps"
+            }
             Part::TracepointDispatch => {
                 "syscall tracepoints' dispatch (`syscall_trace_enter`, `perf_syscall_*`)"
             }
@@ -94,6 +96,9 @@ const BPF_KERNEL: &[&str] = &[
     "percpu_array_",
     "copy_from_user_nofault",
     "copy_from_kernel_nofault",
+    // `bpf_ktime_get_ns`' clock (none in the runs without programs).
+    "ktime_get_mono_fast_ns",
+    "read_tsc",
 ];
 
 /// The syscall tracepoints' path (prefixes).
@@ -307,7 +312,9 @@ pub fn report_section(r: &mut String, p: &Profile) {
          PMU, so no cache-miss counts) over `pgbench -S -c {c} -j {c} -T {}`, each configuration \
          in {} round(s), in rotating order; every sample is {:.0} µs of one CPU, here divided by \
          the configuration's transactions: ns of CPU per transaction, on both CPUs, where it \
-         went.\n",
+         went. A sample due while interrupts are off lands where they come back on: the \
+         context switch's, the `sched_switch` program's with it, land in \
+         `finish_task_switch`.\n",
         p.secs,
         p.rounds,
         1e6 / f64::from(HZ),

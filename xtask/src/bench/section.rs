@@ -1,5 +1,5 @@
-//! A `--block-only` or `--programs-only` run updates its own section of BENCHMARKS.md in
-//! place, without a full run's 35 minutes, and says so.
+//! A `--block-only`, `--programs-only`, `--pgbench-only` or `--profile-only` run updates its
+//! own section of BENCHMARKS.md in place, without a full run's 35 minutes, and says so.
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
@@ -25,12 +25,18 @@ pub fn rewrite(file: &Path, heading: &str, flag: &str, section: &str) -> Result<
     std::fs::write(file, out).with_context(|| format!("writing {}", file.display()))
 }
 
-/// `text` with the section that starts at `heading` (up to the next heading of level 2 or 3)
-/// replaced by `section`.
+/// `text` with the section that starts at `heading` (up to the next heading of its level or
+/// above) replaced by `section`.
 fn spliced(text: &str, heading: &str, section: &str) -> Option<String> {
     let start = text.find(&format!("\n{heading}\n"))? + 1;
     let body = start + heading.len();
-    let end = ["\n## ", "\n### "]
+    // A level-2 section keeps its level-3 subsections.
+    let ends: &[&str] = if heading.starts_with("## ") {
+        &["\n## "]
+    } else {
+        &["\n## ", "\n### "]
+    };
+    let end = ends
         .iter()
         .filter_map(|h| text[body..].find(h).map(|i| body + i + 1))
         .min()
@@ -62,6 +68,20 @@ mod tests {
         assert_eq!(
             out.as_deref(),
             Some("a\n### Block programs per request\nnew\n\n")
+        );
+    }
+
+    #[test]
+    fn a_level_two_section_keeps_its_subsections() {
+        let text = "a\n## 2. pgbench\nold\n### Pairs\nold\n## 3. Next\n";
+        let out = spliced(
+            text,
+            "## 2. pgbench",
+            "## 2. pgbench\nnew\n### Pairs\nnew\n",
+        );
+        assert_eq!(
+            out.as_deref(),
+            Some("a\n## 2. pgbench\nnew\n### Pairs\nnew\n\n## 3. Next\n")
         );
     }
 
