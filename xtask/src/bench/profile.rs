@@ -135,12 +135,27 @@ pub fn part(comm: &str, dso: &str, sym: &str) -> Part {
     }
 }
 
+/// Counted by `perf stat -a` beside the samples: the switches and migrations anywhere; the
+/// hardware's counts where the machine has a PMU (cache and TLB misses: whether pgio's writes
+/// cost other CPUs, the open question of issue 50), "n/a" where not.
+const COUNTED: [&str; 7] = [
+    "context-switches",
+    "cpu-migrations",
+    "cycles",
+    "instructions",
+    "cache-misses",
+    "dTLB-load-misses",
+    "iTLB-load-misses",
+];
+
 /// One configuration's samples and transactions, over its runs.
 #[derive(Default)]
 pub struct Sampled {
     pub transactions: f64,
     /// Samples by (part, symbol).
     pub samples: BTreeMap<(Part, String), u64>,
+    /// `COUNTED`'s events, summed over the runs; absent where not supported.
+    pub counts: BTreeMap<String, f64>,
 }
 
 impl Sampled {
@@ -179,8 +194,9 @@ pub fn run(bins: &Bins, pg: &PgCluster, secs: u32, clients: u32, rounds: usize) 
         for k in 0..RUNS.len() {
             let config = RUNS[(round + k) % RUNS.len()];
             let data = dir.path().join(format!("{round}-{k}.data"));
+            let stat = dir.path().join(format!("{round}-{k}.stat"));
             let beside = Beside::start(bins, config)?;
-            let recording = Recording::start(&perf, &data)?;
+            let recording = Recording::start(&perf, &data, &stat)?;
             let transactions = pgbench_run(pg, secs, clients);
             recording.stop()?;
             beside.stop()?;
@@ -188,6 +204,10 @@ pub fn run(bins: &Bins, pg: &PgCluster, secs: u32, clients: u32, rounds: usize) 
             s.transactions += transactions?.1;
             for ((part, sym), n) in report(&perf, &data)? {
                 *s.samples.entry((part, sym)).or_insert(0) += n;
+            }
+            let text = std::fs::read_to_string(&stat).context("reading perf stat's output")?;
+            for (event, n) in counted(&text) {
+                *s.counts.entry(event.to_owned()).or_insert(0.0) += n;
             }
             std::fs::remove_file(&data).ok();
             step(format!(
@@ -205,23 +225,34 @@ pub fn run(bins: &Bins, pg: &PgCluster, secs: u32, clients: u32, rounds: usize) 
     })
 }
 
-/// A system-wide `perf record`; stopped by SIGINT, as perf expects.
+/// A system-wide `perf record` (samples into `data`) and `perf stat` (counts into `stat`);
+/// stopped by SIGINT, as perf expects.
 struct Recording {
     child: Child,
+    stat: Child,
 }
 
 impl Recording {
-    fn start(perf: &Path, data: &Path) -> Result<Recording> {
-        let child = Command::new(perf)
-            .args(["record", "-q", "-a", "-e", "cpu-clock", "-F"])
-            .arg(HZ.to_string())
-            .arg("-o")
-            .arg(data)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("spawning {}", perf.display()))?;
-        let mut r = Recording { child };
+    fn start(perf: &Path, data: &Path, stat: &Path) -> Result<Recording> {
+        let spawn = |c: &mut Command| {
+            c.stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("spawning {}", perf.display()))
+        };
+        let child = spawn(
+            Command::new(perf)
+                .args(["record", "-q", "-a", "-e", "cpu-clock", "-F"])
+                .arg(HZ.to_string())
+                .arg("-o")
+                .arg(data),
+        )?;
+        let stat = spawn(
+            Command::new(perf)
+                .args(["stat", "-a", "-x", ",", "-e", &COUNTED.join(","), "-o"])
+                .arg(stat),
+        )?;
+        let mut r = Recording { child, stat };
         // perf opens an event per CPU before it writes the header: the file's first bytes.
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::metadata(data).map_or(0, |m| m.len()) == 0 {
@@ -239,25 +270,40 @@ impl Recording {
     }
 
     fn stop(mut self) -> Result<()> {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
-        let status = self.child.wait().context("waiting for perf record")?;
-        // perf writes its file out, then raises the signal it stopped for again.
-        ensure!(
-            status.success() || status.signal() == Some(libc::SIGINT),
-            "perf record: {status}"
-        );
+        for c in [&mut self.child, &mut self.stat] {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
+            let status = c.wait().context("waiting for perf")?;
+            // perf writes its file out, then raises the signal it stopped for again.
+            ensure!(
+                status.success() || status.signal() == Some(libc::SIGINT),
+                "perf: {status}"
+            );
+        }
         Ok(())
     }
 }
 
 impl Drop for Recording {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        for c in [&mut self.child, &mut self.stat] {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
         }
     }
+}
+
+/// `perf stat -x ,`'s counts: `value,unit,event,…` lines; `<not supported>` and
+/// `<not counted>` values left out.
+fn counted(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines().filter_map(|l| {
+        let mut f = l.split(',');
+        let value = f.next()?.parse::<f64>().ok()?;
+        let _unit = f.next()?;
+        Some((f.next()?, value))
+    })
 }
 
 /// Samples by (part, symbol) in `data`: `perf report` by comm, dso and symbol.
@@ -308,8 +354,8 @@ fn line(l: &str) -> Option<(&str, &str, &str, u64)> {
 pub fn report_section(r: &mut String, p: &Profile) {
     let _ = writeln!(
         r,
-        "\n{SECTION}\n\n`perf record -a -e cpu-clock -F {HZ}` (a software clock: this VM has no \
-         PMU, so no cache-miss counts) over `pgbench -S -c {c} -j {c} -T {}`, each configuration \
+        "\n{SECTION}\n\n`perf record -a -e cpu-clock -F {HZ}` (a software clock, which a VM without a \
+         PMU has too) over `pgbench -S -c {c} -j {c} -T {}`, each configuration \
          in {} round(s), in rotating order; every sample is {:.0} µs of one CPU, here divided by \
          the configuration's transactions: ns of CPU per transaction, on both CPUs, where it \
          went. A sample due while interrupts are off lands where they come back on: the \
@@ -358,6 +404,27 @@ pub fn report_section(r: &mut String, p: &Profile) {
         totals[2],
         totals[2] - totals[1]
     );
+    let _ = writeln!(
+        r,
+        "\nCounted beside the samples (`perf stat -a`), per transaction:\n\n\
+         | event | without pgio | the floor | pgio, default | pgio / floor |\n\
+         |---|---:|---:|---:|---:|"
+    );
+    for event in COUNTED {
+        let per = |s: &Sampled| s.counts.get(event).map(|n| n / s.transactions.max(1.0));
+        let cell = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}"));
+        let ratio = match (per(pgio), per(floor)) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
+            _ => "n/a".to_owned(),
+        };
+        let _ = writeln!(
+            r,
+            "| `{event}` | {} | {} | {} | {ratio} |",
+            cell(per(without)),
+            cell(per(floor)),
+            cell(per(pgio))
+        );
+    }
     let mut keys: Vec<&(Part, String)> = pgio.samples.keys().chain(floor.samples.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -398,6 +465,15 @@ mod tests {
             Some(("pgio-load", "[kernel.kallsyms]", "trace_call_bpf", 119))
         );
         assert_eq!(line("# comment"), None);
+    }
+
+    #[test]
+    fn perf_stat_counts_parse() {
+        let text = "# started on Mon Nov 30 20:59:44 2026\n\n1677,,context-switches,2003872667,100.00,,\n<not supported>,,cycles,0,100.00,,\n";
+        assert_eq!(
+            counted(text).collect::<Vec<_>>(),
+            vec![("context-switches", 1677.0)]
+        );
     }
 
     #[test]
