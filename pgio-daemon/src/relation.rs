@@ -58,7 +58,7 @@ pub static MAX_RELATIONS: crate::config::Key = crate::config::Key::count(
     50,
     1,
     10_000,
-    "relations with series of their own per cluster, the ones with the most IO time over the last minute; the others: relation=\"(rest)\"",
+    "relations with places per cluster, the ones with the most IO time over the last minute, each its own series (up to as many that lost their places keep theirs, frozen); the others: relation=\"(rest)\"",
 );
 static CONFIG_KEYS: &[&crate::config::Key] = &[&RELATIONS, &MAX_RELATIONS];
 

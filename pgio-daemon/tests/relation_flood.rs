@@ -1,7 +1,8 @@
 //! 10,000 tables on a real PostgreSQL 15, each read once, round-robin, by one session (what a
 //! user creating tables in a loop can do): pgio's relation series and maps stay within their
-//! caps. Per cluster at most `max_relations` relations have series of their own, the others
-//! are `relation="(rest)"` and counted in `pgio_relation_rest_relations`, the relation map
+//! caps. Per cluster at most `max_relations` relations have places, and as many that lost
+//! theirs keep their series frozen (at most twice `max_relations` series of their own), the
+//! others are `relation="(rest)"` and counted in `pgio_relation_rest_relations`, the relation map
 //! holds at most its size, and every key it could not take is counted
 //! (`pgio_hist_map_refused_total{map="relation"}`) and its IO booked under the series'
 //! `(rest)` (a map of its own, which the flood cannot fill): the reads booked on relations
@@ -148,8 +149,11 @@ fn ten_thousand_tables_stay_within_the_caps() {
         own.len(),
         mine(&after, "(rest)")
     );
+    // `max_relations` places, and as many relations that lost theirs keeping their series
+    // frozen (`relation::top`): a flood of relations read once each moves the places (one
+    // CI run: 77 of their own, churn the scrapes every 50 ms saw under load).
     assert!(
-        own.len() <= MAX_RELATIONS,
+        own.len() <= 2 * MAX_RELATIONS,
         "{} relations with series of their own: {own:?}",
         own.len()
     );
