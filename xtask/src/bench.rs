@@ -49,7 +49,7 @@ pub struct BenchOptions {
     pub block_only: bool,
     /// Seconds of each fio run of the block section.
     pub block_secs: u64,
-    /// Only section 2's table (pgbench -S), printed; BENCHMARKS.md untouched.
+    /// Only section 2 (pgbench -S), printed, and rewritten in BENCHMARKS.md at 2 clients.
     pub pgbench_only: bool,
     /// Only section 2's profile (`profile`), rewritten in place in BENCHMARKS.md.
     pub profile_only: bool,
@@ -1207,7 +1207,7 @@ pub fn bench(root: &Path, o: &BenchOptions) -> Result<()> {
         let mut r = String::new();
         profile::report_section(&mut r, &profile_only(&bins, o)?);
         println!("{}\n{r}", cpu_description());
-        if !o.quick {
+        if !o.quick && o.clients == 2 {
             let file = root.join("BENCHMARKS.md");
             section::rewrite(&file, profile::SECTION, "--profile-only", &r)?;
             step(format!("rewrote its section of {}", file.display()));

@@ -90,7 +90,8 @@ enum Cmd {
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only"])]
         pgbench_only: bool,
         /// Only section 2's profile (perf, cpu-clock: where a transaction's CPU goes without
-        /// pgio, with the floor, with pgio); its section of BENCHMARKS.md rewritten.
+        /// pgio, with the floor, with pgio); with the default 2 clients its section of
+        /// BENCHMARKS.md is rewritten, with others only printed.
         #[arg(long, conflicts_with_all = ["per_call_only", "programs_only", "block_only", "pgbench_only"])]
         profile_only: bool,
         /// Rounds of each configuration in the profile.
