@@ -32,6 +32,11 @@ crate::abi_enum! {
         /// `QUERY` was full (16,384 queries running at once on the node): a query was not
         /// timed.
         QueryUnavailable = 8 => "query_unavailable",
+        /// An untracked process called `postgres` had told of `EARLY_FORKS_PER_PROCESS` new
+        /// processes already: a further one was not told of, so that one process forking in a
+        /// loop cannot fill the lifecycle ring. Should its parent be tracked, the rescan
+        /// finds the child.
+        EarlyForkOverBudget = 9 => "early_fork_over_budget",
     }
 }
 

@@ -31,6 +31,14 @@ pub const TITLE_BUDGET_ENTRIES: u32 = 16_384;
 /// 63-byte names fits.
 pub const TITLE_MAX: usize = 256;
 
+/// New processes an untracked process called `postgres` may tell of (`forked`): a postmaster
+/// forks its auxiliary processes and io workers (up to 32) before pgio may have read its
+/// exec; a process merely called `postgres` may fork without end.
+pub const EARLY_FORKS_PER_PROCESS: u32 = 64;
+
+/// Processes whose early forks the kernel counts (an LRU hash, as the titles').
+pub const EARLY_FORK_ENTRIES: u32 = 4_096;
+
 /// The lifecycle ring's size. Between two drains it holds a burst of new backends: each sends
 /// a fork (24 bytes with the ring's header), a title (~70) and maybe an exec (24); 1 MiB is
 /// ~9,000 of them (`tests/lifecycle_burst.rs` forks 4,000 at once).

@@ -71,7 +71,7 @@ impl Family for LifecycleFamily {
     }
 
     fn maps(&self) -> &'static [&'static str] {
-        &[RING_MAP, "TITLES_SENT"]
+        &[RING_MAP, "TITLES_SENT", "EARLY_FORKS"]
     }
 
     fn take(&self, _: &mut Ebpf, _: &crate::config::Config) -> Result<Taken> {

@@ -569,7 +569,7 @@ fn golden_readings() -> Readings {
             free: 5 << 20,
             mmapped: 0,
         }),
-        drops: [1, 0, 2, 0, 5, 0, 0, 0, 0],
+        drops: [1, 0, 2, 0, 5, 0, 0, 0, 0, 0],
         programs: vec![
             (
                 "block_rq_complete".into(),
@@ -589,7 +589,7 @@ fn golden_readings() -> Readings {
             ),
         ],
     };
-    const _: () = assert!(DROP_REASONS == 9);
+    const _: () = assert!(DROP_REASONS == 10);
     r
 }
 

@@ -1,13 +1,13 @@
 //! Process lifecycle → ring buffer → userspace discovery. Only events userspace acts on:
-//! forks of tracked processes, every exec, exits of tracked processes, and a provisional
+//! forks of tracked processes (and of untracked ones called `postgres`), every exec, exits of tracked processes, and a provisional
 //! process' first titles (at most `TITLES_PER_PROCESS` each, so one process cannot flood the
 //! ring that carries everyone's fork and exit). The fork and exit programs are in the hook
 //! table (`hooks`): other families ride on them.
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes,
-        generated::bpf_get_current_task,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_probe_read_user_str_bytes, generated::bpf_get_current_task,
     },
     macros::{map, tracepoint, uretprobe},
     maps::{LruHashMap, RingBuf},
@@ -17,8 +17,8 @@ use pgio_common::{
     SeriesId,
     drops::DropReason,
     lifecycle::{
-        LIFECYCLE_RING_BYTES, LifecycleEvent, LifecycleKind, TITLE_BUDGET_ENTRIES, TITLE_HEAD,
-        TITLE_MAX, TITLES_PER_PROCESS, TitleEvent,
+        EARLY_FORK_ENTRIES, EARLY_FORKS_PER_PROCESS, LIFECYCLE_RING_BYTES, LifecycleEvent,
+        LifecycleKind, TITLE_BUDGET_ENTRIES, TITLE_HEAD, TITLE_MAX, TITLES_PER_PROCESS, TitleEvent,
     },
 };
 
@@ -32,22 +32,32 @@ static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_RING_BYTES, 0);
 #[map]
 static TITLES_SENT: LruHashMap<u32, u32> = LruHashMap::with_max_entries(TITLE_BUDGET_ENTRIES, 0);
 
+/// `tgid → new processes told of` while untracked (`forked`).
+#[map]
+static EARLY_FORKS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(EARLY_FORK_ENTRIES, 0);
+
 /// Takes one title from `tgid`'s budget; false when it has none left.
 #[inline(always)]
 fn title_budget_take(tgid: u32) -> bool {
-    match TITLES_SENT.get_ptr_mut(tgid) {
+    budget_take(&TITLES_SENT, tgid, TITLES_PER_PROCESS)
+}
+
+/// Takes one from `tgid`'s count in `map`, of `budget`; false when it has none left.
+#[inline(always)]
+fn budget_take(map: &LruHashMap<u32, u32>, tgid: u32, budget: u32) -> bool {
+    match map.get_ptr_mut(tgid) {
         Some(sent) => {
             // SAFETY: a u32 in map memory. Threads of one process racing here can each send
             // one more title at most: once the count is spent it only stays spent.
             unsafe {
-                if *sent >= TITLES_PER_PROCESS {
+                if *sent >= budget {
                     return false;
                 }
                 *sent += 1;
             }
             true
         }
-        None => TITLES_SENT.insert(tgid, 1, BPF_NOEXIST as u64).is_ok(),
+        None => map.insert(tgid, 1, BPF_NOEXIST as u64).is_ok(),
     }
 }
 
@@ -68,10 +78,18 @@ fn emit(kind: LifecycleKind, pid: u32, ppid: u32, series: SeriesId) {
 /// parent's context, before the child first runs: the child gets its series now (the
 /// parent's, or its own provisional one), so its first syscalls are already counted.
 /// Returns (parent, child) tgids for a new process of a tracked parent.
+///
+/// A process called `postgres` that is not tracked yet tells of its new processes too, with
+/// no series: a postmaster forks its first children milliseconds after its exec, which a busy
+/// node's pgio may handle later than that. Userspace takes them in once it has (`adopt`),
+/// instead of at its next rescan.
 #[inline(always)]
 pub fn forked(ctx: &BtfTracePointContext) -> Option<(u32, u32)> {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let series = tracked::series_of(parent_tgid)?;
+    let series = tracked::series_of(parent_tgid);
+    if series.is_none() && !current_is_postgres() {
+        return None;
+    }
     let child: u64 = ctx.arg(1);
     let off = offsets();
     let (pid, tgid) = unsafe {
@@ -86,12 +104,32 @@ pub fn forked(ctx: &BtfTracePointContext) -> Option<(u32, u32)> {
     if pid != tgid {
         return None; // a new thread: it is looked up by its tgid already
     }
+    let Some(series) = series else {
+        if budget_take(&EARLY_FORKS, parent_tgid, EARLY_FORKS_PER_PROCESS) {
+            emit(
+                LifecycleKind::Fork,
+                tgid as u32,
+                parent_tgid,
+                SeriesId::UNTRACKED,
+            );
+        } else {
+            drops::count(DropReason::EarlyForkOverBudget);
+        }
+        return None;
+    };
     let series = tracked::child_series_of(series, tgid as u32);
     tracked::set(tgid as u32, series);
     // A new process: a reused pid does not inherit the last holder's spent title budget.
     let _ = TITLES_SENT.remove(tgid as u32);
     emit(LifecycleKind::Fork, tgid as u32, parent_tgid, series);
     Some((parent_tgid, tgid as u32))
+}
+
+/// Whether the running process' name is `postgres` (PostgreSQL's binary; the comm is the
+/// name the process was exec'd under, which any user may choose: userspace decides).
+#[inline(always)]
+fn current_is_postgres() -> bool {
+    bpf_get_current_comm().is_ok_and(|c| c[..9] == *b"postgres\0")
 }
 
 #[tracepoint]

@@ -811,6 +811,8 @@ enum PgbenchRun {
     Floor,
     /// pgio with `queries = false`.
     NoQueries,
+    /// pgio with `query_ids = false` (the profile's only: what the ids cost).
+    NoQueryIds,
     /// pgio with its default config (query metrics on).
     Default,
 }
@@ -828,6 +830,7 @@ impl PgbenchRun {
             PgbenchRun::Without => "without pgio",
             PgbenchRun::Floor => "empty programs on pgio's hooks (the floor)",
             PgbenchRun::NoQueries => "with pgio, `queries = false`",
+            PgbenchRun::NoQueryIds => "with pgio, `query_ids = false`",
             PgbenchRun::Default => "with pgio, default config (query metrics on)",
         }
     }
@@ -933,11 +936,11 @@ impl Beside {
                 c.args(["floor", "--hooks", "pgio"]);
                 Beside::Floor(spawn_until(c, "ready")?)
             }
-            PgbenchRun::NoQueries | PgbenchRun::Default => {
-                let config = if run == PgbenchRun::NoQueries {
-                    "queries = false\n"
-                } else {
-                    ""
+            PgbenchRun::NoQueries | PgbenchRun::NoQueryIds | PgbenchRun::Default => {
+                let config = match run {
+                    PgbenchRun::NoQueries => "queries = false\n",
+                    PgbenchRun::NoQueryIds => "query_ids = false\n",
+                    _ => "",
                 };
                 let d = Daemon::start(&bins.daemon, config)?;
                 d.wait_tracked("postgres", "postmaster")?;
@@ -1614,8 +1617,48 @@ fn programs_report(r: &mut String, o: &BenchOptions, programs: &ProgramCost) {
         };
         let _ = writeln!(r, "| {what} | {ns:.1} | {:+.1} |", ns - programs.floor.0);
     }
+    targets_explained(r, programs);
     let _ = writeln!(r, "\n#### Map memory\n");
     let _ = writeln!(r, "{}", programs.maps);
+}
+
+/// Issue 50's two in-kernel targets against the pieces: what the untracked and the tracked
+/// `pread64` cost over the floor, and what of it each call cannot do without.
+fn targets_explained(r: &mut String, programs: &ProgramCost) {
+    let piece = |name: &str| {
+        programs
+            .parts
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, ns)| ns - programs.floor.0)
+    };
+    let (Some(check), Some(clock), Some(slot), Some(row)) = (
+        piece("part_tracked"),
+        piece("part_ktime"),
+        piece("part_tid_array"),
+        piece("part_array"),
+    ) else {
+        return;
+    };
+    let floor = programs.floor.0 + programs.floor.1;
+    let untracked = programs.untracked.0 + programs.untracked.1 - floor;
+    let tracked = programs.tracked.0 + programs.tracked.1 - floor;
+    let needed = 2.0 * check + slot + row;
+    let _ = writeln!(
+        r,
+        "\nThe targets against the pieces. Untracked ≤ 1.05 × the floor leaves {:.1} ns a \
+         call (enter + exit) for asking whether the process is tracked; the cheapest way to \
+         ask, one helper and one inlined array read, is {check:.1} ns a program, {:.1} ns a \
+         call: the untracked path measures {untracked:+.1} ns, so the target means no check \
+         at all, which a node-wide tracepoint cannot skip. A tracked `pread64` measures \
+         {tracked:+.1} ns over the floor: its two clock reads are {:+.1}, and of the rest \
+         ({:+.1}, for a target of +10) the tracked check at enter and exit, its start kept in \
+         a per-thread place and the row added to are {needed:+.1}.",
+        floor * 0.05,
+        2.0 * check,
+        2.0 * clock,
+        tracked - 2.0 * clock,
+    );
 }
 
 /// The CPU model and the return-stack mitigations: eBPF's cost per hook hit depends on them

@@ -33,6 +33,10 @@ impl Discovery {
     }
 
     fn forked(&mut self, ev: LifecycleEvent) {
+        if ev.series == SeriesId::UNTRACKED {
+            self.adopt(ev);
+            return;
+        }
         let mut shared = lock(&self.shared);
         let mut series = ev.series;
         if series.is_provisional() {
@@ -50,6 +54,41 @@ impl Discovery {
         shared.pids.insert(ev.pid, series);
         drop(shared);
         self.schedule.first(ev.pid);
+    }
+
+    /// A process called `postgres` forked `ev.pid` before pgio tracked it: its exec reached
+    /// pgio after the fork (a busy node), so the kernel gave the child nothing. If the parent
+    /// is tracked now (the exec was handled: it comes first on the ring), the child gets what
+    /// the kernel would have given it at its fork, and is looked at as any new child is.
+    /// Otherwise the parent is not one pgio tracks, and neither is the child.
+    fn adopt(&mut self, ev: LifecycleEvent) {
+        let series = {
+            let shared = lock(&self.shared);
+            let Some(&parent) = shared.pids.get(&ev.ppid) else {
+                return;
+            };
+            let makes_children = shared.provisional.is_open(ev.ppid)
+                || shared
+                    .registry
+                    .labels(parent)
+                    .and_then(Classifier::child_labels)
+                    .is_some();
+            if makes_children {
+                SeriesId::provisional(ev.pid)
+            } else {
+                parent
+            }
+        };
+        // Written before the child is known, as the kernel would have: gone meanwhile, it
+        // is untracked again by its first look (`schedule`), which finds no /proc entry.
+        if self.kernel.set(ev.pid, series).is_ok() {
+            debug!(
+                pid = ev.pid,
+                ppid = ev.ppid,
+                "taken in: forked before its parent was tracked"
+            );
+            self.forked(LifecycleEvent { series, ..ev });
+        }
     }
 
     fn exec(&mut self, pid: u32) {

@@ -5,6 +5,7 @@
  *                              after another; each calls init_ps_display in a loop for
  *                              SECS seconds; prints the calls
  *   <bin> churn COUNT          forks COUNT children that exit at once, one after another
+ *   <bin> forks COUNT          the same, then prints COUNT and waits until stdin closes
  *   <bin> burst COUNT          once a byte arrives on stdin, forks COUNT children at once;
  *                              each calls init_ps_display, then execs this binary to idle;
  *                              prints COUNT, and ends them all when stdin closes */
@@ -63,7 +64,7 @@ int main(int argc, char **argv) {
         printf("%ld\n", total);
         return 0;
     }
-    if (argc >= 3 && strcmp(argv[1], "churn") == 0) {
+    if (argc >= 3 && (strcmp(argv[1], "churn") == 0 || strcmp(argv[1], "forks") == 0)) {
         int count = atoi(argv[2]);
         for (int c = 0; c < count; c++) {
             pid_t pid = fork();
@@ -72,6 +73,12 @@ int main(int argc, char **argv) {
             waitpid(pid, NULL, 0);
         }
         printf("%d\n", count);
+        fflush(stdout);
+        if (strcmp(argv[1], "forks") == 0) {
+            char buf[64];
+            while (read(0, buf, sizeof buf) > 0) {
+            }
+        }
         return 0;
     }
     if (argc >= 3 && strcmp(argv[1], "burst") == 0) {

@@ -23,8 +23,15 @@ pub const SECTION: &str = "### Where the CPU goes: a profile (perf, cpu-clock)";
 /// the same in every configuration.
 const HZ: u32 = 1999;
 
-/// The configurations profiled, each once per round (order rotating).
-const RUNS: [PgbenchRun; 3] = [PgbenchRun::Without, PgbenchRun::Floor, PgbenchRun::Default];
+/// The configurations profiled, each once per round (order rotating): pgio with its query
+/// family off and with its query ids off too, so that the cost of each shows by difference.
+const RUNS: [PgbenchRun; 5] = [
+    PgbenchRun::Without,
+    PgbenchRun::Floor,
+    PgbenchRun::NoQueries,
+    PgbenchRun::NoQueryIds,
+    PgbenchRun::Default,
+];
 
 /// Where a sample fell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +176,30 @@ impl Sampled {
             .samples
             .iter()
             .filter(|((p, _), _)| *p == part)
+            .map(|(_, n)| n)
+            .sum())
+    }
+
+    /// The parts that are BPF's: the programs, running them, and the syscall tracepoints'
+    /// dispatch (the least noisy figures: the rest is what PostgreSQL and pgbench did).
+    fn bpf_ns(&self) -> f64 {
+        [Part::Programs, Part::BpfKernel, Part::TracepointDispatch]
+            .map(|p| self.part_ns(p))
+            .iter()
+            .sum()
+    }
+
+    fn all_ns(&self) -> f64 {
+        Part::ALL.map(|p| self.part_ns(p)).iter().sum()
+    }
+
+    /// The JIT'd subprograms of one name (`bpf_prog_<tag>_<name>`), over every program.
+    fn subprogram_ns(&self, name: &str) -> f64 {
+        let suffix = format!("_{name}");
+        self.ns(self
+            .samples
+            .iter()
+            .filter(|((p, sym), _)| *p == Part::Programs && sym.ends_with(&suffix))
             .map(|(_, n)| n)
             .sum())
     }
@@ -425,6 +456,7 @@ pub fn report_section(r: &mut String, p: &Profile) {
             cell(per(pgio))
         );
     }
+    features_table(r, p, floor, pgio);
     let mut keys: Vec<&(Part, String)> = pgio.samples.keys().chain(floor.samples.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -450,6 +482,65 @@ pub fn report_section(r: &mut String, p: &Profile) {
             pgio.symbol_ns(k),
         );
     }
+}
+
+/// What each of pgio's families costs a transaction, by difference between configurations
+/// that turn them off one after the other: the BPF side (the programs, running them, the
+/// dispatch), and everything.
+fn features_table(r: &mut String, p: &Profile, floor: &Sampled, pgio: &Sampled) {
+    let (Some(no_queries), Some(no_ids)) = (
+        p.runs.get(&PgbenchRun::NoQueries),
+        p.runs.get(&PgbenchRun::NoQueryIds),
+    ) else {
+        return;
+    };
+    let _ = writeln!(
+        r,
+        "\nWhat each family costs a transaction, by configuration (ns per transaction; \
+         the BPF side: the programs, running them, the dispatch):\n\n\
+         | configuration | the BPF side | over the floor | all | over the floor |\n\
+         |---|---:|---:|---:|---:|"
+    );
+    let rows = [
+        ("the floor (empty programs)", floor),
+        ("pgio, `queries = false`", no_queries),
+        ("pgio, `query_ids = false`", no_ids),
+        ("pgio, default", pgio),
+    ];
+    for (name, s) in rows {
+        let _ = writeln!(
+            r,
+            "| {name} | {:.0} | {:+.0} | {:.0} | {:+.0} |",
+            s.bpf_ns(),
+            s.bpf_ns() - floor.bpf_ns(),
+            s.all_ns(),
+            s.all_ns() - floor.all_ns(),
+        );
+    }
+    let d = |a: &Sampled, b: &Sampled| a.bpf_ns() - b.bpf_ns();
+    let _ = writeln!(
+        r,
+        "\nOn the BPF side, of pgio's {:+.0} ns over the floor: {:+.0} is what runs without \
+         the query family (the tracked check on every syscall, `sched_switch`, the IO \
+         syscalls' latency), {:+.0} the query family without ids (each query's time, its IO \
+         time and its wait parts, from the backend's `recvfrom` and `sendto`: one user read \
+         of each reply's last 6 bytes, for ReadyForQuery), {:+.0} its query ids (one more \
+         user read a query, of the backend's `st_query_id`).",
+        d(pgio, floor),
+        d(no_queries, floor),
+        d(no_ids, no_queries),
+        d(pgio, no_ids),
+    );
+    let _ = writeln!(
+        r,
+        "\nThe only cache lines shared between CPUs that the query family writes are its \
+         rows', when `flush` moves a CPU's run of queries into them (at a query that does not \
+         fit the run, when the run is a second old, or when the CPU goes idle): {:.1} ns a \
+         transaction here. Everything else a query writes is its own thread's or its CPU's, \
+         so at more busy CPUs a transaction's cost should stay what it is here, less the \
+         idle CPUs' flushes.",
+        pgio.subprogram_ns("flush"),
+    );
 }
 
 #[cfg(test)]
