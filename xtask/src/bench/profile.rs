@@ -486,7 +486,7 @@ pub fn report_section(r: &mut String, p: &Profile) {
 
 /// What each of pgio's families costs a transaction, by difference between configurations
 /// that turn them off one after the other: the BPF side (the programs, running them, the
-/// dispatch), and everything.
+/// dispatch; the figures least touched by the runs' noise), and everything.
 fn features_table(r: &mut String, p: &Profile, floor: &Sampled, pgio: &Sampled) {
     let (Some(no_queries), Some(no_ids)) = (
         p.runs.get(&PgbenchRun::NoQueries),
@@ -496,49 +496,58 @@ fn features_table(r: &mut String, p: &Profile, floor: &Sampled, pgio: &Sampled) 
     };
     let _ = writeln!(
         r,
-        "\nWhat each family costs a transaction, by configuration (ns per transaction; \
-         the BPF side: the programs, running them, the dispatch):\n\n\
-         | configuration | the BPF side | over the floor | all | over the floor |\n\
-         |---|---:|---:|---:|---:|"
+        "\nWhat each family costs a transaction (ns per transaction; the BPF side: the \
+         programs, running them, the dispatch; \"all\" moves by several hundred ns between \
+         runs of the same configuration):\n\n\
+         | configuration | the BPF side | more than the row above | all |\n\
+         |---|---:|---:|---:|"
     );
     let rows = [
-        ("the floor (empty programs)", floor),
         ("pgio, `queries = false`", no_queries),
         ("pgio, `query_ids = false`", no_ids),
         ("pgio, default", pgio),
     ];
+    let mut above: Option<&Sampled> = None;
     for (name, s) in rows {
+        let more = above.map_or_else(String::new, |a| format!("{:+.0}", s.bpf_ns() - a.bpf_ns()));
         let _ = writeln!(
             r,
-            "| {name} | {:.0} | {:+.0} | {:.0} | {:+.0} |",
+            "| {name} | {:.0} | {more} | {:.0} |",
             s.bpf_ns(),
-            s.bpf_ns() - floor.bpf_ns(),
-            s.all_ns(),
-            s.all_ns() - floor.all_ns(),
+            s.all_ns()
         );
+        above = Some(s);
     }
-    let d = |a: &Sampled, b: &Sampled| a.bpf_ns() - b.bpf_ns();
     let _ = writeln!(
         r,
-        "\nOn the BPF side, of pgio's {:+.0} ns over the floor: {:+.0} is what runs without \
-         the query family (the tracked check on every syscall, `sched_switch`, the IO \
-         syscalls' latency), {:+.0} the query family without ids (each query's time, its IO \
-         time and its wait parts, from the backend's `recvfrom` and `sendto`: one user read \
-         of each reply's last 6 bytes, for ReadyForQuery), {:+.0} its query ids (one more \
-         user read a query, of the backend's `st_query_id`).",
-        d(pgio, floor),
-        d(no_queries, floor),
-        d(no_ids, no_queries),
-        d(pgio, no_ids),
+        "| the floor (empty programs on all of pgio's hooks) | {:.0} | | {:.0} |",
+        floor.bpf_ns(),
+        floor.all_ns()
+    );
+    let _ = writeln!(
+        r,
+        "\nOf pgio's {:.0} ns: {:.0} without the query family (the tracked check at every \
+         syscall of every process, the IO syscalls' latency, `sched_switch`), {:+.0} the \
+         query family (its programs on every process' `recvfrom` and `sendto`, and at each \
+         query: its time, IO time and wait parts, one user read of the reply's last 6 bytes \
+         for ReadyForQuery), {:+.0} its query ids (one more user read a query, the backend's \
+         `st_query_id`). The floor's empty programs on the same hooks take {:.0} ns; pgio's own \
+         work is the other {:.0}.",
+        pgio.bpf_ns(),
+        no_queries.bpf_ns(),
+        no_ids.bpf_ns() - no_queries.bpf_ns(),
+        pgio.bpf_ns() - no_ids.bpf_ns(),
+        floor.bpf_ns(),
+        pgio.bpf_ns() - floor.bpf_ns(),
     );
     let _ = writeln!(
         r,
         "\nThe only cache lines shared between CPUs that the query family writes are its \
          rows', when `flush` moves a CPU's run of queries into them (at a query that does not \
          fit the run, when the run is a second old, or when the CPU goes idle): {:.1} ns a \
-         transaction here. Everything else a query writes is its own thread's or its CPU's, \
-         so at more busy CPUs a transaction's cost should stay what it is here, less the \
-         idle CPUs' flushes.",
+         transaction here (`bpf_prog_*_flush`). Everything else a query writes is its own \
+         thread's or its CPU's, so at more busy CPUs a transaction's cost should stay what it \
+         is here.",
         pgio.subprogram_ns("flush"),
     );
 }
