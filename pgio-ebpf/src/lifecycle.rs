@@ -1,7 +1,8 @@
 //! Process lifecycle → ring buffer → userspace discovery. Only events userspace acts on:
-//! forks of tracked processes (and of untracked ones called `postgres`), every exec, exits of tracked processes, and a provisional
-//! process' first titles (at most `TITLES_PER_PROCESS` each, so one process cannot flood the
-//! ring that carries everyone's fork and exit). The fork and exit programs are in the hook
+//! forks of tracked processes (and the first `EARLY_FORKS_PER_PROCESS` of an untracked one
+//! called `postgres`), every exec, exits of tracked processes, and a provisional process'
+//! first titles (at most `TITLES_PER_PROCESS` each, so one process cannot flood the ring that
+//! carries everyone's fork and exit). The fork and exit programs are in the hook
 //! table (`hooks`): other families ride on them.
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -32,7 +33,8 @@ static LIFECYCLE: RingBuf = RingBuf::with_byte_size(LIFECYCLE_RING_BYTES, 0);
 #[map]
 static TITLES_SENT: LruHashMap<u32, u32> = LruHashMap::with_max_entries(TITLE_BUDGET_ENTRIES, 0);
 
-/// `tgid → new processes told of` while untracked (`forked`).
+/// `tgid → new processes told of` while untracked (`forked`); a process' entry goes when it
+/// execs a `postgres` binary (a new postmaster, on a pid a process forking in a loop had).
 #[map]
 static EARLY_FORKS: LruHashMap<u32, u32> = LruHashMap::with_max_entries(EARLY_FORK_ENTRIES, 0);
 
@@ -47,8 +49,8 @@ fn title_budget_take(tgid: u32) -> bool {
 fn budget_take(map: &LruHashMap<u32, u32>, tgid: u32, budget: u32) -> bool {
     match map.get_ptr_mut(tgid) {
         Some(sent) => {
-            // SAFETY: a u32 in map memory. Threads of one process racing here can each send
-            // one more title at most: once the count is spent it only stays spent.
+            // SAFETY: a u32 in map memory. Threads of one process racing here can each take
+            // one more at most: once the count is spent it only stays spent.
             unsafe {
                 if *sent >= budget {
                     return false;
@@ -135,6 +137,9 @@ fn current_is_postgres() -> bool {
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if current_is_postgres() {
+        let _ = EARLY_FORKS.remove(tgid);
+    }
     emit(LifecycleKind::Exec, tgid, 0, SeriesId::UNTRACKED);
     0
 }

@@ -5,7 +5,8 @@
  *                              after another; each calls init_ps_display in a loop for
  *                              SECS seconds; prints the calls
  *   <bin> churn COUNT          forks COUNT children that exit at once, one after another
- *   <bin> forks COUNT          the same, then prints COUNT and waits until stdin closes
+ *   <bin> forks COUNT [again]  the same, then prints COUNT and waits until stdin closes;
+ *                              with `again`, execs itself to do it all once more first
  *   <bin> burst COUNT          once a byte arrives on stdin, forks COUNT children at once;
  *                              each calls init_ps_display, then execs this binary to idle;
  *                              prints COUNT, and ends them all when stdin closes */
@@ -74,6 +75,11 @@ int main(int argc, char **argv) {
         }
         printf("%d\n", count);
         fflush(stdout);
+        if (strcmp(argv[1], "forks") == 0 && argc >= 4 && strcmp(argv[3], "again") == 0) {
+            /* By its path, not /proc/self/exe: the comm is the exec'd file's name. */
+            execl(argv[0], argv[0], "forks", argv[2], (char *)NULL);
+            return 1;
+        }
         if (strcmp(argv[1], "forks") == 0) {
             char buf[64];
             while (read(0, buf, sizeof buf) > 0) {
