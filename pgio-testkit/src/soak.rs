@@ -447,11 +447,11 @@ pub fn run(opts: &SoakOptions) -> Result<SoakReport> {
         }
         let dropped: f64 = m
             .matching("pgio_events_dropped_total", &[])
-            // Both are limits on what one process or uid may cost, not lost events of others.
+            // Limits on what one process or uid may cost, not lost events of others.
             .filter(|s| {
                 !matches!(
                     s.labels.get("reason").map(String::as_str),
-                    Some("title_over_budget" | "hist_over_share")
+                    Some("title_over_budget" | "early_fork_over_budget" | "hist_over_share")
                 )
             })
             .map(|s| s.value)
