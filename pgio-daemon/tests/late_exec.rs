@@ -170,9 +170,9 @@ const HOSTILE_FORKS: u32 = 100;
 /// directory of its own) that forks in a loop before pgio has read its exec tells of
 /// `EARLY_FORKS_PER_PROCESS` (64) of its children per exec (it execs itself once and forks
 /// as many again), the rest is counted as `early_fork_over_budget`, exactly; the lifecycle
-/// ring loses nothing. pgio then tracks the
-/// postmaster, takes in the 64 children it was told of, which had exited already, and lets
-/// each go at its first look: the postmaster alone stays tracked, and nothing once it ends.
+/// ring loses nothing. pgio then tracks the postmaster, takes in the children it was told of,
+/// which had exited already, and lets each go at its first look: the postmaster alone stays
+/// tracked, and nothing once it ends.
 #[test]
 fn a_made_up_postmaster_forking_before_pgio_read_its_exec_is_bounded() {
     if !require_root("a_made_up_postmaster_forking_before_pgio_read_its_exec_is_bounded") {
