@@ -1,5 +1,6 @@
 //! Section 2's profile: where the CPU of a `pgbench -S` transaction goes without pgio, with
-//! the floor's empty programs and with pgio (`perf record -a -e cpu-clock`: a software clock,
+//! the floor's empty programs, and with pgio (also with its query family, then its query ids,
+//! off: what each costs, by difference) (`perf record -a -e cpu-clock`: a software clock,
 //! which a VM without a PMU has too; the JIT'd programs show by name, through the kernel's
 //! ksymbol events). The programs' own run time is a small part of what pgio costs: this finds
 //! the rest (the kernel's dispatch to them, their helpers, what everything else loses).
