@@ -391,18 +391,26 @@ fn cold_scan(major: u32, port: u16, io_method: Option<&str>) {
     assert_eq!(queries, 1.0, "one query in the window");
     assert_eq!(calls, "1");
     if io_method.is_some() {
-        // With io workers the backend's IO time is its wait for them (IO wait events): 93.9
-        // and 94.9 % of read_time here. (With the old uprobe attached as well, its traps
-        // slowed the backend: 80 % and 17 %; it is no longer attached where wait events work.)
+        // With io workers the backend's IO time is its wait for them (IO wait events).
         // PostgreSQL 18's read_time holds that wait and, besides, the time the backend spends
         // starting each read (`AsyncReadBuffers` times `smgrstartreadv`: staging the IO and
-        // handing it to a worker), which is CPU, not waiting. Measured: pgio's wait 4.4-6.2 %
-        // below read_time on an AMD EPYC host, 14.8 % (alone) and 17.3 % (CI) below on an
-        // Intel Xeon one, never above it. So: never more than read_time (1 % for the two
-        // clocks), and the starts at most 25 % of it.
+        // waking a worker), which it spends on a CPU or runnable, not waiting. So pgio's wait
+        // is never more than read_time (1 % for the two clocks), and what read_time holds
+        // beyond it is at most the backend's CPU and runnable time. The starts' share is the
+        // host's: pgio's wait was 4.4-6.2 % below read_time on one AMD EPYC VM, 14.8-17.3 %
+        // on an Intel Xeon one, 35 % (0.75 s of 1.15 s; the backend 0.88 s on a CPU) on a
+        // slower AMD EPYC VM with the binary's other test beside it.
+        let part = |p: &str| {
+            let mut labels = backend.to_vec();
+            labels.push(("part", p));
+            delta(&before, &after, "pgio_query_part_seconds_total", &labels)
+        };
+        let on_cpu_s = part("cpu") + part("runnable");
+        eprintln!("backend on a CPU or runnable {on_cpu_s:.4} s");
         assert!(
-            pg_read_s > 0.0 && io_s <= 1.01 * pg_read_s && io_s >= 0.75 * pg_read_s,
-            "query IO {io_s} s vs pg_stat_io read_time {pg_read_s} s"
+            pg_read_s > 0.0 && io_s <= 1.01 * pg_read_s && pg_read_s - io_s <= on_cpu_s,
+            "query IO {io_s} s vs pg_stat_io read_time {pg_read_s} s, on a CPU or runnable \
+             {on_cpu_s} s"
         );
     } else {
         // Without, its own syscalls.
