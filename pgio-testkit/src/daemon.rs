@@ -13,6 +13,9 @@ use anyhow::{Context, Result, bail};
 use crate::metrics::http_get;
 use crate::{Metrics, TempDir, scrape, temp_dir, wait_until};
 
+/// How long a daemon may take to answer `/healthz` before a test gives up on it.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+
 pub struct Daemon {
     child: Child,
     pub url: String,
@@ -88,9 +91,11 @@ impl Daemon {
             _dir: dir,
         };
         let healthz = format!("{}/healthz", d.url);
-        // Until it answers, or exits (then no need to wait the minute out).
+        // Until it answers, or exits (then no need to wait the time out). Loading the
+        // programs is the verifier's work: in the 6.1 guest under TCG on a slow host one
+        // program took 19 s and all of them over 60 s.
         let mut exited = false;
-        let up = wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
+        let up = wait_until(STARTUP_TIMEOUT, Duration::from_millis(100), || {
             exited = matches!(d.child.try_wait(), Ok(Some(_)));
             exited || http_get(&healthz, Duration::from_secs(2)).is_ok()
         });
