@@ -123,14 +123,18 @@ impl Daemon {
 
     /// Waits (10 s at most) until some process is tracked under `app` and `role`.
     pub fn wait_tracked(&self, app: &str, role: &str) -> Result<()> {
+        self.wait_tracked_as(&[("app", app), ("role", role)])
+    }
+
+    /// Waits (10 s at most) until some process is tracked under a series with these labels.
+    pub fn wait_tracked_as(&self, labels: &[(&str, &str)]) -> Result<()> {
         let ok = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-            self.scrape().is_ok_and(|m| {
-                m.sum("pgio_tracked_processes", &[("app", app), ("role", role)]) >= 1.0
-            })
+            self.scrape()
+                .is_ok_and(|m| m.sum("pgio_tracked_processes", labels) >= 1.0)
         });
         if !ok {
             bail!(
-                "no process tracked as app={app} role={role}; log:\n{}",
+                "no process tracked as {labels:?}; log:\n{}",
                 self.log_text()
             );
         }

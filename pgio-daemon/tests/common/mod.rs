@@ -34,6 +34,10 @@ impl Daemon {
         self.0.wait_tracked(app, role).expect("tracked");
     }
 
+    pub fn wait_tracked_as(&self, labels: &[(&str, &str)]) {
+        self.0.wait_tracked_as(labels).expect("tracked");
+    }
+
     /// Waits (20 s at most) until pgio has found where a postmaster's backends keep their
     /// query id and wait event (`pgio_query_id_postmasters{state="found"}`).
     pub fn wait_postmaster_found(&self) -> bool {
